@@ -1,0 +1,87 @@
+"""`draftfit pad-vocab`: the padded copy keeps greedy output and passes vLLM's vocab_size gate."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from draftfit.cli import cli
+
+TARGET_VOCAB = 49152 + 128
+
+
+@pytest.fixture(scope="module")
+def padded(smollm2_model, tmp_path_factory):
+    out = tmp_path_factory.mktemp("padded") / "smollm2-padded"
+    result = CliRunner().invoke(cli, ["pad-vocab", "smollm2", "--to", str(TARGET_VOCAB), "-o", str(out)])
+    assert result.exit_code == 0, result.output
+    assert f"49152 -> {TARGET_VOCAB}" in result.output
+    return out
+
+
+@pytest.mark.slow
+def test_padded_config_and_rows(padded):
+    from safetensors import safe_open
+
+    assert json.loads((padded / "config.json").read_text())["vocab_size"] == TARGET_VOCAB
+    with safe_open(str(padded / "model.safetensors"), "pt") as f:
+        rows = f.get_slice("model.embed_tokens.weight").get_shape()[0]
+    assert rows == TARGET_VOCAB
+    assert (padded / "tokenizer.json").is_file()
+
+
+@pytest.mark.slow
+def test_padded_model_gives_the_same_greedy_output(smollm2_model, padded):
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(smollm2_model))
+    prompt = tokenizer.apply_chat_template(
+        [{"role": "user", "content": "Name three primary colours."}], add_generation_prompt=True, return_tensors="pt",
+        return_dict=True,
+    )
+    outputs = []
+    for directory in (smollm2_model, padded):
+        model = AutoModelForCausalLM.from_pretrained(str(directory), dtype=torch.float32)
+        with torch.no_grad():
+            generated = model.generate(**prompt, max_new_tokens=16, do_sample=False)
+            logits = model(**prompt).logits[0, -1]
+        outputs.append(generated[0].tolist())
+        if directory == padded:
+            assert logits.shape[0] == TARGET_VOCAB
+            # the new rows tie with the copied token; argmax picks the smaller, real id
+            assert int(logits.argmax()) < 49152
+            assert torch.equal(logits[49152:], logits[0].expand(128))
+    assert outputs[0] == outputs[1]
+
+
+@pytest.mark.parametrize(
+    "to, words",
+    [
+        ("100", ["--to 100 is below the tokenizer's length 49152", "Use --to 49152 or more"]),
+        ("49152", ["already has vocab_size 49152", "Nothing to pad"]),
+    ],
+)
+@pytest.mark.slow
+def test_pad_vocab_refuses(smollm2_model, tmp_path, to, words):
+    result = CliRunner().invoke(cli, ["pad-vocab", "smollm2", "--to", to, "-o", str(tmp_path / "x")])
+    assert result.exit_code == 2
+    for word in words:
+        assert word in result.output
+    assert "Traceback" not in result.output
+
+
+def test_pad_vocab_requires_to(tmp_path):
+    result = CliRunner().invoke(cli, ["pad-vocab", "smollm2", "-o", str(tmp_path / "x")])
+    assert result.exit_code == 2 and "--to" in result.output
+
+
+@pytest.mark.slow
+def test_pad_vocab_refuses_non_empty_output(smollm2_model, tmp_path):
+    (tmp_path / "x").mkdir()
+    (tmp_path / "x" / "keep.txt").write_text("mine")
+    result = CliRunner().invoke(cli, ["pad-vocab", "smollm2", "--to", str(TARGET_VOCAB), "-o", str(tmp_path / "x")])
+    assert result.exit_code == 2 and "not empty" in result.output and "--force" in result.output
+    assert (tmp_path / "x" / "keep.txt").read_text() == "mine"
