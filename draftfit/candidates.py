@@ -1,0 +1,240 @@
+"""Candidate files and study settings: what a user types, validated (unknown keys refused).
+
+A candidate file names one target and one draft (a model, a method, or a draft derived from the
+target) and the k values to consider::
+
+    name: early-exit-8
+    target: smollm2
+    draft:
+      method: draft_model
+      derived: {first_layers: 8}      # the target's first 8 layers (materialized once)
+    k: [1, 2, 3, 4, 5]
+    dtype: bfloat16
+
+Study settings (prompts, sampling, hardware, concurrency) come from, in rising precedence:
+built-in defaults < a study file (``--study FILE``, or the ``study:`` block of a candidate file
+— all candidates must agree) < command-line options.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from draftfit.errors import DraftfitError
+
+MAX_K = 16
+MODEL_FREE = ("ngram", "suffix")
+HEADS = ("eagle", "eagle3", "mtp")  # measurable only by `draftfit verify`
+Method = Literal["draft_model", "ngram", "suffix", "eagle", "eagle3", "mtp"]
+Dtype = Literal["auto", "bfloat16", "float16", "float32"]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Derived(_Strict):
+    """A draft derived from the target: its first N decoder layers (an early-exit self-draft)."""
+
+    first_layers: int = Field(ge=1, description="Number of the target's decoder layers to keep.")
+
+
+class DraftSpec(_Strict):
+    method: Method = "draft_model"
+    model: str | None = Field(None, description="Model reference of the draft (draft_model, eagle*, mtp).")
+    derived: Derived | None = None
+    prompt_lookup_min: int | None = Field(None, ge=1)
+    prompt_lookup_max: int | None = Field(None, ge=1)
+    quantization: str | None = None
+
+    @model_validator(mode="after")
+    def _consistent(self) -> DraftSpec:
+        if self.method == "draft_model" and (self.model is None) == (self.derived is None):
+            raise ValueError("a draft_model needs exactly one of `model` or `derived`")
+        if self.method in MODEL_FREE and (self.model or self.derived):
+            raise ValueError(f"method {self.method} uses no model; remove `model`/`derived`")
+        if self.method in HEADS and not self.model:
+            raise ValueError(f"method {self.method} needs `model` (the head's checkpoint)")
+        lo, hi = self.prompt_lookup_min, self.prompt_lookup_max
+        if (lo is not None or hi is not None) and self.method != "ngram":
+            raise ValueError("prompt_lookup_min/max apply to method ngram only")
+        if lo is not None and hi is not None and lo > hi:
+            raise ValueError(f"prompt_lookup_min {lo} > prompt_lookup_max {hi}")
+        return self
+
+    @property
+    def lookup(self) -> tuple[int, int]:
+        """vLLM's defaults: both omitted → 5/5; one given → the other takes its value."""
+        lo, hi = self.prompt_lookup_min, self.prompt_lookup_max
+        if lo is None and hi is None:
+            return 5, 5
+        return (lo or hi), (hi or lo)  # type: ignore[return-value]
+
+
+class StudySettings(_Strict):
+    prompts: str | None = Field(None, description="Prompt file or dataset dir; default: the bundled demo set.")
+    prompt_column: str = "prompt"
+    messages_column: str = "messages"
+    category_column: str = "category"
+    sample_size: int = Field(64, ge=1)
+    seed: int = 0
+    length_thresholds: tuple[int, int] = (256, 1024)
+    scrub: bool = False
+    temperature: float = Field(0.0, ge=0.0)
+    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    max_tokens: int = Field(128, ge=1)
+    max_model_len: int = Field(4096, ge=16)
+    draft_sample_method: Literal["greedy", "probabilistic"] = "greedy"
+    engine: Literal["vllm", "hf"] = "vllm"
+    dtype: Dtype = "bfloat16"
+    top_k_logprobs: int = Field(20, ge=1, le=100)
+    gpu: str | None = Field(None, description="GPU name from the catalog for the roofline latency source.")
+    gpu_count: int = Field(1, ge=1)
+    tensor_parallel_size: int = Field(1, ge=1)
+    gpu_memory_utilization: float = Field(0.25, gt=0.0, le=1.0)
+    concurrency: tuple[int, ...] = (1, 4, 8, 16, 32)
+    primary_concurrency: int = Field(1, ge=1)
+    latency_source: Literal["measured", "roofline"] = "measured"
+    vllm_version: str | None = None
+
+    @field_validator("concurrency")
+    @classmethod
+    def _levels(cls, levels: tuple[int, ...]) -> tuple[int, ...]:
+        if not levels or any(level < 1 for level in levels):
+            raise ValueError("concurrency levels must be whole numbers ≥ 1")
+        return tuple(sorted(set(levels)))
+
+    @model_validator(mode="after")
+    def _consistent(self) -> StudySettings:
+        short, medium = self.length_thresholds
+        if not 0 < short < medium:
+            raise ValueError(f"length_thresholds must rise: got {short}, {medium}")
+        if self.primary_concurrency not in self.concurrency:
+            raise ValueError(f"primary_concurrency {self.primary_concurrency} is not among concurrency {list(self.concurrency)}")
+        if self.latency_source == "roofline" and not self.gpu:
+            raise ValueError("latency_source roofline needs `gpu` (a catalog name, e.g. H100 SXM)")
+        return self
+
+
+class Candidate(_Strict):
+    name: str = Field(min_length=1, pattern=r"^[\w.\-]+$")
+    target: str = Field(min_length=1)
+    draft: DraftSpec
+    k: tuple[int, ...] = (1, 2, 3, 4, 5, 6, 7, 8)
+    dtype: Dtype = "auto"
+    notes: str | None = None
+
+    @field_validator("k", mode="before")
+    @classmethod
+    def _k_list(cls, value):
+        if isinstance(value, int):
+            return (value,)
+        return value
+
+    @field_validator("k")
+    @classmethod
+    def _k_range(cls, ks: tuple[int, ...]) -> tuple[int, ...]:
+        if not ks:
+            raise ValueError("give at least one k")
+        for index, k in enumerate(ks):
+            if not 1 <= k <= MAX_K:
+                raise ValueError(f"entry [{index}] is {k}: must be between 1 and {MAX_K}")
+        return tuple(sorted(set(ks)))
+
+
+def _format_validation(error: ValidationError) -> str:
+    parts = []
+    for item in error.errors():
+        where = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in item["loc"]).lstrip(".")
+        message = item["msg"].removeprefix("Value error, ")
+        if item["type"] == "extra_forbidden":
+            message = "unknown key"
+        parts.append(f"{where}: {message}" if where else message)
+    return "; ".join(parts)
+
+
+def _read_yaml(path: Path) -> object:
+    if not path.is_file():
+        raise DraftfitError("no such file", where=str(path), fix="Check the path (e.g. candidates/*.yaml)")
+    raw = path.read_bytes()
+    if b"\0" in raw[:8192]:
+        raise DraftfitError("is a binary file, not YAML", where=str(path), fix="Pass a candidate .yaml file")
+    try:
+        return yaml.safe_load(raw.decode("utf-8"))
+    except UnicodeDecodeError as exc:
+        raise DraftfitError("is not UTF-8 text", where=str(path), fix="Save the file as UTF-8") from exc
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        line = f"line {mark.line + 1}: " if mark is not None else ""
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        raise DraftfitError(f"{line}YAML syntax error: {problem}", where=str(path), fix="Fix the YAML syntax") from exc
+
+
+def load_candidate(path: str | Path) -> tuple[Candidate, dict | None]:
+    """One candidate file → (candidate, its optional study block)."""
+    path = Path(path)
+    data = _read_yaml(path)
+    if not isinstance(data, dict):
+        raise DraftfitError(
+            "must be a mapping with name, target, draft and k", where=str(path), fix="See candidates/*.yaml for examples"
+        )
+    data = dict(data)
+    study = data.pop("study", None)
+    if study is not None and not isinstance(study, dict):
+        raise DraftfitError("study: must be a mapping of study settings", where=str(path), fix="See the README")
+    try:
+        candidate = Candidate.model_validate(data)
+    except ValidationError as exc:
+        raise DraftfitError(_format_validation(exc), where=str(path), fix="See `draftfit rank --help` for the fields") from exc
+    return candidate, study
+
+
+def load_candidates(paths: list[str | Path]) -> tuple[list[Candidate], dict]:
+    """Several files → candidates (names unique) and the merged `study` blocks (which must agree)."""
+    if not paths:
+        raise DraftfitError("no candidate files given", fix="Run `draftfit rank candidates/*.yaml`")
+    candidates: list[Candidate] = []
+    study: dict = {}
+    seen: dict[str, Path] = {}
+    for raw_path in paths:
+        path = Path(raw_path)
+        candidate, block = load_candidate(path)
+        if candidate.name in seen:
+            raise DraftfitError(
+                f"candidate name '{candidate.name}' is also used by {seen[candidate.name]}",
+                where=str(path),
+                fix="Give every candidate its own name",
+            )
+        seen[candidate.name] = path
+        for key, value in (block or {}).items():
+            if key in study and study[key] != value:
+                raise DraftfitError(
+                    f"study.{key} = {value!r} disagrees with another candidate file ({study[key]!r})",
+                    where=str(path),
+                    fix="Keep study settings in one --study file, or make them agree",
+                )
+            study[key] = value
+        candidates.append(candidate)
+    return candidates, study
+
+
+def build_study(*, study_file: str | Path | None, from_candidates: dict, overrides: dict) -> StudySettings:
+    """Defaults < study file < candidate files' study blocks < command-line options (only those given)."""
+    merged: dict = {}
+    where = "study settings"
+    if study_file is not None:
+        data = _read_yaml(Path(study_file))
+        if data is not None and not isinstance(data, dict):
+            raise DraftfitError("must be a mapping of study settings", where=str(study_file), fix="See the README")
+        merged.update(data or {})
+        where = str(study_file)
+    merged.update(from_candidates)
+    merged.update({key: value for key, value in overrides.items() if value is not None})
+    try:
+        return StudySettings.model_validate(merged)
+    except ValidationError as exc:
+        raise DraftfitError(_format_validation(exc), where=where, fix="See `draftfit rank --help`") from exc
