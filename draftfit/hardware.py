@@ -1,0 +1,641 @@
+"""Hardware and model shapes for the cost and VRAM models.
+
+Three kinds of facts live here, each labelled with where it came from:
+
+- the **GPU catalog** (``draftfit/data/gpus.yaml``, vendor spec-sheet figures, extendable by a user
+  YAML file) and the chosen hardware: GPU, GPU count, tensor-parallel size;
+- the **model shape** read from an HF ``config.json`` (layers, heads, KV heads, head dim, hidden
+  size, vocabulary) with the parameter count *estimated* from the architecture;
+- a **measured step profile** of the machine at hand: engine step times fitted as
+  ``T = a + b·batched_tokens + c·kv_tokens`` with non-negative coefficients. The engines layer
+  times the points that :func:`profile_plan` lists; this module fits them.
+"""
+
+from __future__ import annotations
+
+import difflib
+import itertools
+import math
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import asdict, dataclass
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from draftfit.errors import DraftfitError
+
+GIB = 1024**3
+
+# --------------------------------------------------------------------------------------------
+# GPU catalog
+# --------------------------------------------------------------------------------------------
+
+
+class GpuEntry(BaseModel):
+    """One GPU as written in a catalog YAML file (units in the field names)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(min_length=1)
+    aliases: list[str] = Field(default_factory=list)
+    memory_gib: float = Field(gt=0)
+    hbm_tb_per_s: float = Field(gt=0)
+    bf16_tflops: float = Field(gt=0)
+    source: str = ""
+
+
+class GpuCatalogFile(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    gpus: list[GpuEntry]
+
+
+@dataclass(frozen=True)
+class GPU:
+    """A GPU's roofline figures: memory, peak HBM bandwidth, peak dense bf16 FLOP/s."""
+
+    name: str
+    memory_bytes: float
+    hbm_bytes_per_s: float
+    bf16_flops: float
+    aliases: tuple[str, ...] = ()
+    source: str = ""
+
+    @classmethod
+    def from_entry(cls, entry: GpuEntry, origin: str) -> GPU:
+        note = entry.source or "no source given"
+        return cls(
+            name=entry.name,
+            memory_bytes=entry.memory_gib * GIB,
+            hbm_bytes_per_s=entry.hbm_tb_per_s * 1e12,
+            bf16_flops=entry.bf16_tflops * 1e12,
+            aliases=tuple(entry.aliases),
+            source=f"{origin}: {note}",
+        )
+
+    @property
+    def memory_gib(self) -> float:
+        return self.memory_bytes / GIB
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "memory_bytes": self.memory_bytes,
+            "memory_gib": self.memory_gib,
+            "hbm_bytes_per_s": self.hbm_bytes_per_s,
+            "bf16_flops": self.bf16_flops,
+            "source": self.source,
+        }
+
+
+def _norm_name(name: str) -> str:
+    """Case-, space-, hyphen- and underscore-insensitive key for GPU names."""
+    return re.sub(r"[\s\-_]+", "", name).lower()
+
+
+def _pydantic_where(exc: ValidationError) -> tuple[str, str]:
+    err = exc.errors()[0]
+    loc = ""
+    for part in err["loc"]:
+        loc += f"[{part}]" if isinstance(part, int) else (f".{part}" if loc else str(part))
+    return loc or "(top level)", err["msg"]
+
+
+def _read_catalog_file(text: str, origin: str) -> list[GPU]:
+    try:
+        raw = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise DraftfitError(
+            f"not valid YAML ({exc.__class__.__name__})",
+            fix="Fix the YAML syntax; the file needs a top-level `gpus:` list",
+            where=origin,
+        ) from exc
+    try:
+        parsed = GpuCatalogFile.model_validate(raw)
+    except ValidationError as exc:
+        field_, msg = _pydantic_where(exc)
+        raise DraftfitError(
+            f"{field_}: {msg}",
+            fix="Each GPU needs name, memory_gib, hbm_tb_per_s, bf16_tflops (optional aliases, source)",
+            where=origin,
+        ) from exc
+    return [GPU.from_entry(entry, origin) for entry in parsed.gpus]
+
+
+@dataclass(frozen=True)
+class GpuCatalog:
+    """GPUs by name; a user file's entries extend the built-in list or replace same-named ones."""
+
+    gpus: tuple[GPU, ...]
+
+    def names(self) -> list[str]:
+        return [gpu.name for gpu in self.gpus]
+
+    def get(self, name: str) -> GPU:
+        """Look up a GPU by name or alias, ignoring case, spaces, hyphens and underscores."""
+        key = _norm_name(name)
+        for gpu in self.gpus:
+            if key == _norm_name(gpu.name) or key in {_norm_name(a) for a in gpu.aliases}:
+                return gpu
+        keys = {}
+        for gpu in self.gpus:
+            for spelled in (gpu.name, *gpu.aliases):
+                keys[_norm_name(spelled)] = gpu.name
+        close = difflib.get_close_matches(key, list(keys), n=3, cutoff=0.5)
+        partial = [gpu.name for gpu in self.gpus if key and key in _norm_name(gpu.name)]
+        suggestions = list(dict.fromkeys(partial + [keys[c] for c in close]))
+        hint = f"did you mean {' or '.join(repr(s) for s in suggestions)}? " if suggestions else ""
+        raise DraftfitError(
+            f"unknown GPU {name!r}: {hint}known GPUs: {', '.join(self.names())}",
+            fix="Pass one of those to --gpu, or add yours with a GPU catalog YAML file "
+            "(name, memory_gib, hbm_tb_per_s, bf16_tflops)",
+        )
+
+
+def load_catalog(user_file: str | Path | None = None) -> GpuCatalog:
+    """The built-in catalog, extended (or overridden by name) with ``user_file`` if given."""
+    builtin = resources.files("draftfit").joinpath("data/gpus.yaml").read_text(encoding="utf-8")
+    gpus = {_norm_name(g.name): g for g in _read_catalog_file(builtin, "draftfit/data/gpus.yaml")}
+    if user_file is not None:
+        path = Path(user_file)
+        try:
+            text = path.read_text(encoding="utf-8")
+        except OSError as exc:
+            raise DraftfitError(
+                f"cannot read GPU catalog file ({exc.strerror or exc})",
+                fix="Check the path passed as the GPU catalog",
+                where=str(path),
+            ) from exc
+        for gpu in _read_catalog_file(text, str(path)):
+            gpus[_norm_name(gpu.name)] = gpu
+    return GpuCatalog(tuple(gpus.values()))
+
+
+@dataclass(frozen=True)
+class Hardware:
+    """The deployment: ``count`` GPUs of one kind, the target sharded over ``tensor_parallel_size``.
+
+    ``count // tensor_parallel_size`` independent replicas serve traffic; concurrency levels in the
+    cost model are per replica.
+    """
+
+    gpu: GPU
+    count: int = 1
+    tensor_parallel_size: int = 1
+
+    def __post_init__(self) -> None:
+        if self.count < 1 or self.tensor_parallel_size < 1:
+            raise DraftfitError(
+                f"GPU count {self.count} and tensor-parallel size {self.tensor_parallel_size} must be ≥ 1",
+                fix="Pass a positive --gpu-count / --tensor-parallel-size",
+            )
+        if self.count % self.tensor_parallel_size:
+            raise DraftfitError(
+                f"{self.count} GPUs cannot be split into tensor-parallel groups of "
+                f"{self.tensor_parallel_size}",
+                fix="Make the GPU count a multiple of the tensor-parallel size",
+            )
+
+    @property
+    def replicas(self) -> int:
+        return self.count // self.tensor_parallel_size
+
+    def label(self) -> str:
+        return f"{self.count}x {self.gpu.name} (TP={self.tensor_parallel_size})"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "gpu": self.gpu.to_dict(),
+            "count": self.count,
+            "tensor_parallel_size": self.tensor_parallel_size,
+            "replicas": self.replicas,
+        }
+
+
+_COUNT_PREFIX = re.compile(r"^\s*(\d+)\s*[x×*]\s*(.+)$", re.IGNORECASE)
+
+
+def parse_hardware(
+    spec: str,
+    *,
+    catalog: GpuCatalog | None = None,
+    tensor_parallel_size: int | None = None,
+) -> Hardware:
+    """``"H100 SXM"`` or ``"4x H100 SXM"`` → :class:`Hardware`; TP defaults to the GPU count."""
+    match = _COUNT_PREFIX.match(spec)
+    count, name = (int(match.group(1)), match.group(2)) if match else (1, spec)
+    gpu = (catalog or load_catalog()).get(name.strip())
+    return Hardware(gpu=gpu, count=count, tensor_parallel_size=tensor_parallel_size or count)
+
+
+# --------------------------------------------------------------------------------------------
+# Model shape from config.json
+# --------------------------------------------------------------------------------------------
+
+# Families whose MLP is a plain up/down projection (no gate); everything else is treated as gated
+# (SwiGLU/GeGLU: gate, up and down projections), as in Llama, Mistral, Qwen, Gemma, Phi-3.
+_UNGATED_FAMILIES = {
+    "gpt2",
+    "gpt_neox",
+    "gptj",
+    "opt",
+    "bloom",
+    "falcon",
+    "phi",
+    "gpt_bigcode",
+    "starcoder2",
+    "mpt",
+}
+# Families with q/k/v projection biases even though their configs carry no ``attention_bias`` key.
+_QKV_BIAS_FAMILIES = {"qwen2", "qwen2_moe", "qwen2_vl", "qwen2_5_vl"}
+# Families with per-head q/k RMSNorm weights.
+_QK_NORM_FAMILIES = {"qwen3", "qwen3_moe", "gemma3", "gemma3_text", "olmo2"}
+# Families whose configs tie input and output embeddings when they do not say otherwise.
+_TIED_BY_DEFAULT = {"gpt2", "gemma", "gemma2", "gemma3", "gemma3_text", "opt"}
+
+
+def _first(cfg: Mapping[str, Any], *keys: str, default: Any = None) -> Any:
+    for key in keys:
+        if cfg.get(key) is not None:
+            return cfg[key]
+    return default
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """The architecture facts the cost and VRAM models need.
+
+    ``params`` is the total parameter count (what the weights occupy); ``active_params`` the
+    parameters used per token (equal to ``params`` for dense models, fewer for mixture-of-experts).
+    ``params_source`` says whether the count was given or estimated from the architecture.
+    """
+
+    name: str
+    model_type: str
+    num_layers: int
+    hidden_size: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    intermediate_size: int
+    vocab_size: int
+    tied_embeddings: bool
+    params: float
+    active_params: float
+    params_source: str = "estimated from config.json"
+    num_experts: int = 0
+    experts_per_token: int = 0
+
+    @classmethod
+    def from_config(
+        cls, config: Mapping[str, Any], *, name: str | None = None, params: float | None = None
+    ) -> ModelShape:
+        """Read an HF ``config.json`` dict; estimate the parameter count unless ``params`` is given."""
+        cfg: Mapping[str, Any] = config
+        if "text_config" in cfg and _first(cfg, "num_hidden_layers", "n_layer") is None:
+            cfg = {
+                **cfg["text_config"],
+                "model_type": cfg["text_config"].get("model_type", cfg.get("model_type")),
+            }
+        model_type = str(cfg.get("model_type") or "unknown")
+        label = name or str(cfg.get("_name_or_path") or model_type)
+
+        def need(*keys: str) -> int:
+            value = _first(cfg, *keys)
+            if value is None:
+                raise DraftfitError(
+                    f"config.json has no {' / '.join(keys)}",
+                    fix="Point at the model's HF config.json (a decoder-only transformer)",
+                    where=label,
+                )
+            return int(value)
+
+        hidden = need("hidden_size", "n_embd", "d_model")
+        layers = need("num_hidden_layers", "n_layer", "num_layers")
+        heads = need("num_attention_heads", "n_head")
+        vocab = need("vocab_size")
+        kv_heads = int(_first(cfg, "num_key_value_heads", "num_kv_heads", default=heads))
+        if cfg.get("multi_query") is True:  # falcon / gpt_bigcode style MQA
+            kv_heads = 1
+        head_dim = int(_first(cfg, "head_dim", default=hidden // heads))
+        intermediate = int(
+            _first(cfg, "intermediate_size", "n_inner", "ffn_dim", default=4 * hidden)
+        )
+        tied = bool(cfg.get("tie_word_embeddings", model_type in _TIED_BY_DEFAULT))
+        n_experts = int(
+            _first(cfg, "num_local_experts", "num_experts", "n_routed_experts", default=0) or 0
+        )
+        per_token = int(_first(cfg, "num_experts_per_tok", "num_experts_per_token", default=0) or 0)
+
+        total, active = _estimate_params(
+            cfg,
+            model_type,
+            hidden,
+            layers,
+            heads,
+            kv_heads,
+            head_dim,
+            intermediate,
+            vocab,
+            tied,
+            n_experts,
+            per_token,
+        )
+        source = "estimated from config.json"
+        if params is not None:
+            active = active * params / total
+            total = float(params)
+            source = "given"
+        return cls(
+            name=label,
+            model_type=model_type,
+            num_layers=layers,
+            hidden_size=hidden,
+            num_heads=heads,
+            num_kv_heads=kv_heads,
+            head_dim=head_dim,
+            intermediate_size=intermediate,
+            vocab_size=vocab,
+            tied_embeddings=tied,
+            params=float(total),
+            active_params=float(active),
+            params_source=source,
+            num_experts=n_experts,
+            experts_per_token=per_token,
+        )
+
+    @property
+    def embedding_params(self) -> float:
+        return float(self.vocab_size * self.hidden_size)
+
+    @property
+    def streamed_params(self) -> float:
+        """Parameters read from memory every decode step.
+
+        An input-embedding lookup reads only a few rows, so an untied input embedding is left
+        out; a tied one is read whole by the LM head.
+        """
+        return self.params - (0.0 if self.tied_embeddings else self.embedding_params)
+
+    def kv_heads_per_gpu(self, tensor_parallel_size: int = 1) -> int:
+        """KV heads each GPU stores: split by TP, replicated when TP exceeds the head count (as vLLM)."""
+        return max(1, self.num_kv_heads // tensor_parallel_size)
+
+    def kv_bytes_per_token(
+        self, kv_dtype_bytes: float = 2.0, tensor_parallel_size: int = 1
+    ) -> float:
+        """KV-cache bytes per token slot on one GPU: 2 (K and V) · layers · KV heads · head dim · bytes."""
+        return (
+            2.0
+            * self.num_layers
+            * self.kv_heads_per_gpu(tensor_parallel_size)
+            * self.head_dim
+            * kv_dtype_bytes
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _estimate_params(
+    cfg: Mapping[str, Any],
+    model_type: str,
+    hidden: int,
+    layers: int,
+    heads: int,
+    kv_heads: int,
+    head_dim: int,
+    intermediate: int,
+    vocab: int,
+    tied: bool,
+    n_experts: int,
+    per_token: int,
+) -> tuple[float, float]:
+    """Total and per-token-active parameters from the architecture (weights, biases, norms)."""
+    q_dim, kv_dim = heads * head_dim, kv_heads * head_dim
+    attn = hidden * q_dim + 2 * hidden * kv_dim + q_dim * hidden
+    if cfg.get("attention_bias") or model_type in _QKV_BIAS_FAMILIES:
+        attn += q_dim + 2 * kv_dim
+    if cfg.get("attention_bias"):
+        attn += hidden  # o_proj bias
+    if model_type in _QK_NORM_FAMILIES:
+        attn += 2 * head_dim
+
+    gated = model_type not in _UNGATED_FAMILIES
+    mats = 3 if gated else 2
+
+    def mlp(width: int) -> int:
+        bias = (width * (mats - 1) + hidden) if cfg.get("mlp_bias") else 0
+        return mats * hidden * width + bias
+
+    if n_experts:
+        expert_width = int(_first(cfg, "moe_intermediate_size", default=intermediate))
+        router = hidden * n_experts
+        shared_width = int(_first(cfg, "shared_expert_intermediate_size", default=0) or 0)
+        shared = mlp(shared_width) + hidden if shared_width else 0  # shared expert + its gate
+        mlp_total = n_experts * mlp(expert_width) + router + shared
+        mlp_active = max(per_token, 1) * mlp(expert_width) + router + shared
+    else:
+        mlp_total = mlp_active = mlp(intermediate)
+
+    norms = 2 * hidden if gated else 4 * hidden  # RMSNorm weight vs LayerNorm weight+bias
+    embed = vocab * hidden
+    head = 0 if tied else vocab * hidden
+    final_norm = hidden if gated else 2 * hidden
+    positions = 0
+    if model_type in {"gpt2", "opt", "gpt_bigcode"}:
+        positions = int(_first(cfg, "n_positions", "max_position_embeddings", default=0)) * hidden
+
+    total = embed + head + final_norm + positions + layers * (attn + mlp_total + norms)
+    active = embed + head + final_norm + positions + layers * (attn + mlp_active + norms)
+    return float(total), float(active)
+
+
+# --------------------------------------------------------------------------------------------
+# Measured step profile
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ProfilePoint:
+    """One engine step to time: ``batch_size`` sequences, each feeding ``tokens_per_seq`` new tokens
+    on top of ``context_len`` cached tokens. ``kind`` is ``decode`` (1 token) or ``verify`` (k+1)."""
+
+    kind: str
+    batch_size: int
+    tokens_per_seq: int
+    context_len: int
+
+    @property
+    def batched_tokens(self) -> int:
+        return self.batch_size * self.tokens_per_seq
+
+    @property
+    def kv_tokens(self) -> int:
+        """KV-cache tokens the step reads (the cached context of every sequence in the batch)."""
+        return self.batch_size * self.context_len
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "batched_tokens": self.batched_tokens, "kv_tokens": self.kv_tokens}
+
+
+def profile_plan(
+    *,
+    batch_sizes: Sequence[int] = (1, 2, 4, 8, 16, 32),
+    context_lens: Sequence[int] = (256, 1024),
+    max_k: int = 5,
+    verify_batch_sizes: Sequence[int] | None = None,
+    max_model_len: int | None = None,
+) -> list[ProfilePoint]:
+    """The steps to time so that ``a``, ``b`` and ``c`` can be told apart.
+
+    Baseline decode at every batch size and context length (separates ``b`` from ``c`` because
+    batch and context vary independently), plus multi-token verification of ``k+1`` tokens per
+    sequence for k = 1..max_k at the smallest and largest batch (the shape speculation runs).
+    Context lengths above ``max_model_len - max_k - 1`` are dropped.
+    """
+    if max_k < 1:
+        raise DraftfitError(
+            f"max_k {max_k} must be ≥ 1", fix="Time verification of at least one draft token"
+        )
+    contexts = sorted({int(c) for c in context_lens if c > 0})
+    if max_model_len is not None:
+        contexts = [c for c in contexts if c + max_k + 1 <= max_model_len]
+    batches = sorted({int(b) for b in batch_sizes if b > 0})
+    if not contexts or not batches:
+        raise DraftfitError(
+            "the profile plan is empty (no batch size or context length fits)",
+            fix="Pass positive batch sizes and context lengths below max_model_len",
+        )
+    verify_batches = sorted(set(verify_batch_sizes or (batches[0], batches[-1])))
+    plan = [ProfilePoint("decode", b, 1, c) for c in contexts for b in batches]
+    plan += [
+        ProfilePoint("verify", b, k + 1, contexts[0])
+        for b in verify_batches
+        for k in range(1, max_k + 1)
+    ]
+    return plan
+
+
+@dataclass(frozen=True)
+class StepProfile:
+    """Fitted step time ``T = a + b·batched_tokens + c·kv_tokens`` (seconds; a, b, c ≥ 0).
+
+    ``origin`` says what was timed (model, machine, engine); fit statistics come with it.
+    """
+
+    a: float
+    b: float
+    c: float
+    r2: float = float("nan")
+    rmse_s: float = float("nan")
+    max_abs_rel_residual: float = float("nan")
+    n_samples: int = 0
+    origin: str = ""
+    kind: str = "measured"
+
+    def predict(self, batched_tokens: Any, kv_tokens: Any) -> np.ndarray:
+        return (
+            self.a
+            + self.b * np.asarray(batched_tokens, float)
+            + self.c * np.asarray(kv_tokens, float)
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        return {k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in data.items()}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> StepProfile:
+        values = {k: data[k] for k in cls.__dataclass_fields__ if k in data}
+        for key in ("r2", "rmse_s", "max_abs_rel_residual"):
+            if values.get(key) is None:
+                values[key] = float("nan")
+        return cls(**values)
+
+
+def _nnls_small(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """Exact non-negative least squares for a handful of columns: the best feasible active set."""
+    n_cols = x.shape[1]
+    scale = np.linalg.norm(x, axis=0)
+    scale[scale == 0] = 1.0
+    xs = x / scale
+    best, best_sse = np.zeros(n_cols), float(np.sum(y**2))
+    for size in range(1, n_cols + 1):
+        for cols in itertools.combinations(range(n_cols), size):
+            sol, *_ = np.linalg.lstsq(xs[:, cols], y, rcond=None)
+            if np.any(sol < 0):
+                continue
+            coef = np.zeros(n_cols)
+            coef[list(cols)] = sol
+            sse = float(np.sum((y - xs @ coef) ** 2))
+            if sse < best_sse - 1e-15 * max(best_sse, 1e-300):
+                best, best_sse = coef, sse
+    return best / scale
+
+
+def fit_step_profile(
+    batched_tokens: Iterable[float],
+    kv_tokens: Iterable[float],
+    seconds: Iterable[float],
+    *,
+    origin: str = "",
+) -> StepProfile:
+    """Fit ``T = a + b·batched_tokens + c·kv_tokens`` with a, b, c ≥ 0 to timed engine steps."""
+    bt = np.asarray(list(batched_tokens), float)
+    kv = np.asarray(list(kv_tokens), float)
+    t = np.asarray(list(seconds), float)
+    if not (bt.shape == kv.shape == t.shape) or bt.ndim != 1:
+        raise DraftfitError(
+            f"timing samples have mismatched lengths ({bt.size}, {kv.size}, {t.size})",
+            fix="Pass one batched_tokens, kv_tokens and seconds value per timed step",
+        )
+    if bt.size < 4 or not np.all(np.isfinite(np.concatenate([bt, kv, t]))) or np.any(t <= 0):
+        raise DraftfitError(
+            f"need at least 4 finite timed steps with positive durations, got {bt.size}",
+            fix="Time the points of draftfit.hardware.profile_plan()",
+        )
+    x = np.column_stack([np.ones_like(bt), bt, kv])
+    if np.linalg.matrix_rank(x) < 3:
+        raise DraftfitError(
+            "timed steps do not vary batched tokens and KV tokens independently, so the step-time "
+            "coefficients cannot be told apart",
+            fix="Time several batch sizes at two or more context lengths (profile_plan() does)",
+        )
+    a, b, c = _nnls_small(x, t)
+    pred = a + b * bt + c * kv
+    resid = t - pred
+    ss_tot = float(np.sum((t - t.mean()) ** 2))
+    r2 = 1.0 - float(np.sum(resid**2)) / ss_tot if ss_tot > 0 else float("nan")
+    return StepProfile(
+        a=float(a),
+        b=float(b),
+        c=float(c),
+        r2=r2,
+        rmse_s=float(np.sqrt(np.mean(resid**2))),
+        max_abs_rel_residual=float(np.max(np.abs(resid) / t)),
+        n_samples=int(t.size),
+        origin=origin,
+        kind="measured",
+    )
+
+
+__all__ = [
+    "GIB",
+    "GPU",
+    "GpuCatalog",
+    "GpuEntry",
+    "Hardware",
+    "ModelShape",
+    "ProfilePoint",
+    "StepProfile",
+    "fit_step_profile",
+    "load_catalog",
+    "parse_hardware",
+    "profile_plan",
+]

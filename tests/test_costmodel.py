@@ -1,0 +1,248 @@
+"""Cost model (DESIGN §4.6) against hand-computed cases and published reference points."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from draftfit.costmodel import (
+    MeasuredStepTime,
+    ModelDraftCost,
+    ModelFreeDraftCost,
+    RooflineStepTime,
+    StepTime,
+    leviathan_speedup,
+    predict_costs,
+)
+from draftfit.errors import DraftfitError
+from draftfit.hardware import ModelShape, StepProfile, load_catalog
+
+DATA = Path(__file__).parent / "data"
+LLAMA_8B = ModelShape.from_config(json.loads((DATA / "llama-3.1-8b-config.json").read_text()))
+LLAMA_70B = ModelShape.from_config(json.loads((DATA / "llama-3.1-70b-config.json").read_text()))
+H100 = load_catalog().get("H100 SXM")
+# Published fit of H100 step time for Llama-3.1-8B (reference facts).
+H100_8B_PUBLISHED = StepProfile(
+    a=5.9e-3, b=2.1e-5, c=3.9e-8, origin="published H100 Llama-3.1-8B fit"
+)
+
+
+def constant(seconds: float) -> MeasuredStepTime:
+    return MeasuredStepTime(StepProfile(a=seconds, b=0.0, c=0.0, origin="constant"))
+
+
+def iid_al(alpha: float, k: int) -> float:
+    return (1 - alpha ** (k + 1)) / (1 - alpha)
+
+
+@pytest.mark.parametrize("alpha", [0.5, 0.7, 0.9])
+@pytest.mark.parametrize("k", [1, 3, 5])
+@pytest.mark.parametrize("c", [0.0, 0.05, 0.2])
+def test_leviathan_formula_is_the_constant_cost_special_case(alpha, k, c):
+    """With step times independent of batch and context, draft cost c·T and i.i.d. acceptance α,
+    speedup = (1−α^{k+1}) / ((1−α)(k·c+1)) at every concurrency (Leviathan et al. 2023)."""
+    t = 0.02
+    pred = predict_costs(
+        constant(t), ModelDraftCost(constant(c * t)), [k], [iid_al(alpha, k)], context_len=500
+    )
+    assert pred.speedup[0] == pytest.approx(np.full(5, leviathan_speedup(alpha, k, c)))
+    assert pred.itl_spec_s[0] == pytest.approx((k * c * t + t) / iid_al(alpha, k))
+
+
+def test_leviathan_reference_value():
+    # α = 0.8, k = 4, c = 0.05: (1 − 0.8^5) / (0.2 · 1.2) = 0.67232 / 0.24 = 2.8013
+    assert leviathan_speedup(0.8, 4, 0.05) == pytest.approx(2.801333, rel=1e-6)
+
+
+def test_hand_computed_break_even():
+    """Target T = 10 ms + 0.1 ms per batched token, a free proposer, k = 3 with AL = 2.
+
+    T_base(B) = 0.01 + 1e-4·B, T_spec(B) = 0.01 + 4e-4·B, speedup = 2·T_base/T_spec
+    B = 1: 2·0.0101/0.0104 = 1.9423;  B = 32: 2·0.0132/0.0228 = 1.1579;  B = 64: 2·0.0164/0.0356 = 0.9213
+    speedup = 1 ⇔ 0.02 + 2e-4·B = 0.01 + 4e-4·B ⇔ B = 50.
+    """
+    target = MeasuredStepTime(StepProfile(a=0.01, b=1e-4, c=0.0))
+    pred = predict_costs(
+        target,
+        ModelFreeDraftCost(cpu_seconds_per_seq=0.0),
+        [3],
+        [2.0],
+        concurrency=[1, 4, 8, 16, 32, 64],
+        context_len=300,
+    )
+    assert pred.speedup[0, 0] == pytest.approx(1.942308, rel=1e-6)
+    assert pred.speedup[0, 4] == pytest.approx(1.157895, rel=1e-6)
+    assert pred.speedup[0, 5] == pytest.approx(0.921348, rel=1e-6)
+    be = pred.break_even[0]
+    assert (be.k, be.status, be.first_losing_concurrency) == (3, "stops-paying", 64)
+    assert be.crossing_concurrency == pytest.approx(50.0, rel=1e-9)
+    assert pred.break_even_best.crossing_concurrency == pytest.approx(50.0, rel=1e-9)
+    # ITL and throughput at B = 32: T_spec = 22.8 ms for 2 tokens
+    assert pred.itl_spec_s[0, 4] == pytest.approx(0.0114)
+    assert pred.tok_s_per_seq[0, 4] == pytest.approx(2 / 0.0228)
+    assert pred.tok_s_aggregate[0, 4] == pytest.approx(32 * 2 / 0.0228)
+    assert pred.base_tok_s_aggregate[4] == pytest.approx(32 / 0.0132)
+
+
+@pytest.mark.parametrize(
+    "al,status,first_losing",
+    [(4.0, "pays-at-all-levels", None), (1.02, "never-pays", 1)],  # 1.02·10.1/10.4 = 0.99
+)
+def test_break_even_edges(al, status, first_losing):
+    target = MeasuredStepTime(StepProfile(a=0.01, b=1e-4, c=0.0))
+    pred = predict_costs(
+        target,
+        ModelFreeDraftCost(cpu_seconds_per_seq=0.0),
+        [3],
+        [al],
+        concurrency=[1, 4, 8, 16, 32],
+        context_len=300,
+    )
+    assert (pred.break_even[0].status, pred.break_even[0].first_losing_concurrency) == (
+        status,
+        first_losing,
+    )
+    assert pred.break_even[0].crossing_concurrency is None
+
+
+def test_draft_model_first_pass_reads_the_verified_tokens():
+    """Draft T = 1 ms + 10 µs/token + 1 ns/KV token; k = 3, B = 4, context 100 (KV 400):
+    first pass 4·(3+1) = 16 tokens: 1e-3 + 16e-5 + 4e-7; two more passes of 4 tokens: 2·(1e-3 + 4e-5 + 4e-7)."""
+    draft = MeasuredStepTime(StepProfile(a=1e-3, b=1e-5, c=1e-9))
+    padded = ModelDraftCost(draft).draft_time(np.array([3]), np.array([4.0]), 100)
+    assert padded[0, 0] == pytest.approx(1e-3 + 16e-5 + 4e-7 + 2 * (1e-3 + 4e-5 + 4e-7))
+    unpadded = ModelDraftCost(draft, padded_first_pass=False).draft_time(
+        np.array([3]), np.array([4.0]), 100
+    )
+    assert unpadded[0, 0] == pytest.approx(3 * (1e-3 + 4e-5 + 4e-7))
+
+
+def test_verification_and_baseline_step_times():
+    """With the published H100 8B profile: T_base(8) = 5.9 ms + 8·21 µs + 8·1000·39 ns = 6.380 ms;
+    verifying k = 4 → 40 tokens: 5.9 ms + 40·21 µs + 0.312 ms = 7.052 ms."""
+    target = MeasuredStepTime(H100_8B_PUBLISHED)
+    pred = predict_costs(
+        target,
+        ModelFreeDraftCost(cpu_seconds_per_seq=0.0),
+        [4],
+        [3.0],
+        concurrency=[8],
+        context_len=1000,
+    )
+    assert pred.t_base[0] == pytest.approx(6.380e-3)
+    assert pred.t_verify[0, 0] == pytest.approx(7.052e-3)
+    assert pred.speedup[0, 0] == pytest.approx(3 * 6.380 / 7.052)
+
+
+def test_roofline_by_hand():
+    """H100 SXM, Llama-3.1-8B bf16, TP 1, efficiencies 0.8 / 0.6.
+    Weights read per step: (8,030,261,248 − 128,256·4,096 untied input embedding) · 2 B = 15,009,849,344 B
+    → 15,009,849,344 / (3.35e12 · 0.8) = 5.6007 ms at B = 1 with no context (memory bound).
+    4,096 tokens: 2 · 8,030,261,248 · 4,096 / (989e12 · 0.6) = 110.86 ms (compute bound)."""
+    roof = RooflineStepTime(H100, LLAMA_8B)
+    assert roof.weight_bytes_per_step == 15_009_849_344
+    assert float(roof.step_time(1, 0)) == pytest.approx(15_009_849_344 / 2.68e12)
+    assert float(roof.step_time(4096, 0)) == pytest.approx(
+        2 * 8_030_261_248 * 4096 / (989e12 * 0.6)
+    )
+    assert float(roof.step_time(1, 10_000)) == pytest.approx(
+        (15_009_849_344 + 10_000 * 131_072) / 2.68e12
+    )
+    assert roof.source == "roofline:H100 SXM"
+
+
+@pytest.mark.parametrize("batch", [1, 8, 64])
+@pytest.mark.parametrize("context", [500, 2000])
+def test_roofline_agrees_with_published_h100_fit(batch, context):
+    """In the memory-bound range the roofline is within 20 % of the published measured fit (it takes
+    max(memory, compute) where the fit adds a per-token cost, so it reads low as batches grow)."""
+    roof = float(RooflineStepTime(H100, LLAMA_8B).step_time(batch, batch * context))
+    measured = float(H100_8B_PUBLISHED.predict(batch, batch * context))
+    assert roof == pytest.approx(measured, rel=0.20)
+
+
+def test_70b_with_8b_draft_stops_paying_at_high_concurrency():
+    """Roofline, 4×H100 TP=4, Llama-3.1-70B target, Llama-3.1-8B draft, i.i.d. α = 0.8:
+    speculation pays at batch 1 and turns into a loss once verification is compute bound."""
+    target = RooflineStepTime(H100, LLAMA_70B, tensor_parallel_size=4)
+    draft = ModelDraftCost(RooflineStepTime(H100, LLAMA_8B, tensor_parallel_size=4))
+    ks = [1, 2, 3, 4, 5]
+    levels = [1, 4, 8, 16, 32, 64, 128, 256]
+    pred = predict_costs(
+        target, draft, ks, [iid_al(0.8, k) for k in ks], concurrency=levels, context_len=2000
+    )
+    assert np.all(pred.speedup[:, 0] > 1.5)
+    assert np.all(np.diff(pred.speedup, axis=1) < 0)  # gains shrink as concurrency rises
+    assert pred.speedup[ks.index(5), -1] < 1
+    be = pred.break_even[ks.index(5)]
+    assert be.status == "stops-paying" and be.first_losing_concurrency == 256
+    assert 128 < be.crossing_concurrency < 256
+    assert pred.source == "roofline:H100 SXM" and pred.draft_source == "roofline:H100 SXM"
+    assert np.all(pred.off_speedup < 1)  # k = 0 in a schedule still runs the draft's first pass
+
+
+def test_confidence_interval_maps_to_speedup_bounds():
+    pred = predict_costs(
+        constant(0.01),
+        ModelDraftCost(constant(0.001)),
+        [2],
+        [2.0],
+        al_low=[1.8],
+        al_high=[2.2],
+        concurrency=[1],
+        context_len=10,
+    )
+    # T_spec = 2 · 1 ms + 10 ms = 12 ms
+    assert (pred.speedup_low[0, 0], pred.speedup[0, 0], pred.speedup_high[0, 0]) == pytest.approx(
+        (1.8 * 10 / 12, 2.0 * 10 / 12, 2.2 * 10 / 12)
+    )
+
+
+def test_model_free_draft_costs_cpu_time_only():
+    pred = predict_costs(
+        constant(0.01),
+        ModelFreeDraftCost(cpu_seconds_per_seq=1e-4),
+        [2, 4],
+        [1.5, 1.8],
+        concurrency=[1, 10],
+        context_len=10,
+    )
+    assert pred.t_draft == pytest.approx(np.array([[1e-4, 1e-3], [1e-4, 1e-3]]))
+    assert np.all(pred.off_speedup == 1)
+    assert pred.draft_model["cpu_cost_is"] == "assumed"
+
+
+@pytest.mark.parametrize(
+    "ks,al,levels,match",
+    [
+        ([3], [4.5], [1], "outside"),
+        ([3], [0.9], [1], "outside"),
+        ([0], [1.0], [1], "≥ 1"),
+        ([1, 2], [1.5], [1], "one acceptance length per k"),
+        ([1], [1.5], [4, 1], "increasing"),
+    ],
+)
+def test_invalid_inputs_are_user_errors(ks, al, levels, match):
+    with pytest.raises(DraftfitError, match=match):
+        predict_costs(
+            constant(0.01), ModelFreeDraftCost(), ks, al, concurrency=levels, context_len=10
+        )
+
+
+def test_prediction_is_labelled_and_serializable():
+    pred = predict_costs(
+        MeasuredStepTime(H100_8B_PUBLISHED),
+        ModelDraftCost(constant(1e-3)),
+        [1, 3],
+        [1.6, 2.2],
+        context_len=800,
+    )
+    data = json.loads(json.dumps(pred.to_dict()))
+    assert data["kind"] == "predicted" and data["source"] == "measured-profile"
+    assert data["concurrency"] == [1, 4, 8, 16, 32]
+    assert np.array(data["speedup"]).shape == (2, 5)
+    assert data["break_even_best"]["k"] == "best"
+    assert isinstance(MeasuredStepTime(H100_8B_PUBLISHED), StepTime)

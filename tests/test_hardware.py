@@ -1,0 +1,308 @@
+"""GPU catalog, model shapes from config.json, and the fitted step-time profile."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from draftfit.errors import DraftfitError
+from draftfit.hardware import (
+    GIB,
+    Hardware,
+    ModelShape,
+    fit_step_profile,
+    load_catalog,
+    parse_hardware,
+    profile_plan,
+)
+
+DATA = Path(__file__).parent / "data"
+SMOL_CONFIG = Path("/tmp/smolmeta/config.json")
+
+
+def load_config(name: str) -> dict:
+    return json.loads((DATA / name).read_text())
+
+
+# ---- catalog ---------------------------------------------------------------------------------
+
+# The GPU table of the reference facts: name, memory (GiB), HBM TB/s, dense bf16 TFLOP/s.
+FACTS_GPUS = [
+    ("A10G", 24, 0.600, 70),
+    ("L4", 24, 0.300, 121),
+    ("L40S", 48, 0.864, 362),
+    ("A100 40GB", 40, 1.555, 312),
+    ("A100 80GB SXM", 80, 2.039, 312),
+    ("H100 SXM", 80, 3.35, 989),
+    ("H100 PCIe", 80, 2.0, 756),
+    ("H200", 141, 4.8, 989),
+    ("B200", 180, 8.0, 2250),
+    ("MI300X", 192, 5.3, 1307),
+    ("RTX 4090", 24, 1.008, 165),
+]
+
+
+@pytest.mark.parametrize("name,mem_gib,tb_s,tflops", FACTS_GPUS)
+def test_catalog_matches_reference_table(name, mem_gib, tb_s, tflops):
+    gpu = load_catalog().get(name)
+    assert gpu.name == name
+    assert gpu.memory_bytes == mem_gib * GIB
+    assert gpu.hbm_bytes_per_s == pytest.approx(tb_s * 1e12)
+    assert gpu.bf16_flops == pytest.approx(tflops * 1e12)
+    assert "gpus.yaml" in gpu.source
+
+
+def test_catalog_has_exactly_the_reference_gpus():
+    assert sorted(load_catalog().names()) == sorted(row[0] for row in FACTS_GPUS)
+
+
+@pytest.mark.parametrize(
+    "typed,expected",
+    [
+        ("h100 sxm", "H100 SXM"),
+        ("H100-SXM", "H100 SXM"),
+        ("  h100_sxm ", "H100 SXM"),
+        ("NVIDIA H100 80GB HBM3", "H100 SXM"),  # the device name the driver reports
+        ("a100-sxm4-80gb", "A100 80GB SXM"),
+        ("rtx4090", "RTX 4090"),
+        ("mi300x", "MI300X"),
+    ],
+)
+def test_lookup_ignores_case_spaces_and_hyphens(typed, expected):
+    assert load_catalog().get(typed).name == expected
+
+
+def test_unknown_gpu_suggests_and_lists_names():
+    with pytest.raises(DraftfitError) as err:
+        load_catalog().get("H100")
+    text = str(err.value)
+    assert "did you mean 'H100 SXM' or 'H100 PCIe'" in text
+    assert "known GPUs: A10G, L4" in text
+    assert text.rstrip().endswith("bf16_tflops)")
+
+
+def test_user_catalog_extends_and_overrides(tmp_path):
+    user = tmp_path / "gpus.yaml"
+    user.write_text(
+        "gpus:\n"
+        "  - {name: Laptop iGPU, memory_gib: 16, hbm_tb_per_s: 0.1, bf16_tflops: 4, source: my notes}\n"
+        "  - {name: h100 sxm, memory_gib: 94, hbm_tb_per_s: 3.9, bf16_tflops: 989}\n"
+    )
+    cat = load_catalog(user)
+    igpu = cat.get("laptop igpu")
+    assert igpu.memory_bytes == 16 * GIB and igpu.source == f"{user}: my notes"
+    h100 = cat.get("H100 SXM")
+    assert h100.memory_bytes == 94 * GIB and str(user) in h100.source
+    assert len(cat.names()) == len(FACTS_GPUS) + 1
+
+
+@pytest.mark.parametrize(
+    "body,field",
+    [
+        (
+            "gpus:\n  - {name: X, memory_gib: 16, hbm_tb_per_s: 1, bf16_tflops: 4, colour: red}\n",
+            "gpus[0].colour",
+        ),
+        ("gpus:\n  - {name: X, memory_gib: 16, hbm_tb_per_s: 1}\n", "gpus[0].bf16_tflops"),
+        (
+            "gpus:\n  - {name: X, memory_gib: -1, hbm_tb_per_s: 1, bf16_tflops: 4}\n",
+            "gpus[0].memory_gib",
+        ),
+        ("gpu: []\n", "gpus"),
+    ],
+)
+def test_user_catalog_errors_name_file_and_field(tmp_path, body, field):
+    user = tmp_path / "bad.yaml"
+    user.write_text(body)
+    with pytest.raises(DraftfitError) as err:
+        load_catalog(user)
+    assert str(err.value).startswith(f"{user}: {field}")
+
+
+def test_user_catalog_invalid_yaml(tmp_path):
+    user = tmp_path / "bad.yaml"
+    user.write_text("gpus: [\n")
+    with pytest.raises(DraftfitError, match="not valid YAML"):
+        load_catalog(user)
+
+
+@pytest.mark.parametrize(
+    "spec,tp,count,expected_tp,replicas",
+    [("H100 SXM", None, 1, 1, 1), ("4x H100 SXM", None, 4, 4, 1), ("8xH100 SXM", 4, 8, 4, 2)],
+)
+def test_parse_hardware(spec, tp, count, expected_tp, replicas):
+    hw = parse_hardware(spec, tensor_parallel_size=tp)
+    assert (hw.gpu.name, hw.count, hw.tensor_parallel_size, hw.replicas) == (
+        "H100 SXM",
+        count,
+        expected_tp,
+        replicas,
+    )
+
+
+def test_hardware_rejects_uneven_tp():
+    gpu = load_catalog().get("L4")
+    with pytest.raises(DraftfitError, match="multiple of the tensor-parallel size"):
+        Hardware(gpu, count=6, tensor_parallel_size=4)
+
+
+# ---- model shape -----------------------------------------------------------------------------
+
+
+# Known parameter counts: the models' published safetensors totals (Llama-3.1) and SmolLM2-135M.
+@pytest.mark.parametrize(
+    "config,params,rel",
+    [
+        ("llama-3.1-8b-config.json", 8_030_261_248, 0.0),
+        ("llama-3.1-70b-config.json", 70_553_706_496, 0.0),
+    ],
+)
+def test_param_estimate_matches_llama(config, params, rel):
+    shape = ModelShape.from_config(load_config(config))
+    assert shape.params == pytest.approx(params, rel=rel, abs=0)
+    assert shape.active_params == shape.params
+    assert shape.params_source == "estimated from config.json"
+
+
+def test_param_estimate_smollm2_tied_embeddings():
+    shape = ModelShape.from_config(json.loads(SMOL_CONFIG.read_text()))
+    # embed 49152·576 (tied, counted once) + 30 layers · (attention 884,736 + MLP 2,654,208 + norms 1,152)
+    # + final norm 576 = 134,515,008
+    assert shape.params == 134_515_008
+    assert shape.params == pytest.approx(134.5e6, rel=1e-3)
+    assert shape.tied_embeddings
+    assert shape.streamed_params == shape.params  # the tied embedding is read whole by the LM head
+
+
+@pytest.mark.parametrize(
+    "config,kv_kib,tp,per_gpu_kib",
+    [
+        ("llama-3.1-8b-config.json", 128, 1, 128),
+        ("llama-3.1-70b-config.json", 320, 1, 320),
+        ("llama-3.1-70b-config.json", 320, 4, 80),
+        ("llama-3.1-70b-config.json", 320, 8, 40),
+        (
+            "llama-3.1-70b-config.json",
+            320,
+            16,
+            40,
+        ),  # 8 KV heads over 16 GPUs: replicated, 1 per GPU
+    ],
+)
+def test_kv_bytes_per_token(config, kv_kib, tp, per_gpu_kib):
+    shape = ModelShape.from_config(load_config(config))
+    assert shape.kv_bytes_per_token(2) == kv_kib * 1024
+    assert shape.kv_bytes_per_token(2, tensor_parallel_size=tp) == per_gpu_kib * 1024
+
+
+def test_mixture_of_experts_active_params():
+    cfg = {
+        "model_type": "mixtral",
+        "hidden_size": 4096,
+        "num_hidden_layers": 32,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 8,
+        "intermediate_size": 14336,
+        "vocab_size": 32000,
+        "num_local_experts": 8,
+        "num_experts_per_tok": 2,
+        "tie_word_embeddings": False,
+    }
+    shape = ModelShape.from_config(cfg)
+    # Mixtral-8x7B: 46.7e9 total, 12.9e9 active (Mistral AI's figures)
+    assert shape.params == pytest.approx(46.7e9, rel=0.01)
+    assert shape.active_params == pytest.approx(12.9e9, rel=0.01)
+
+
+def test_given_param_count_wins():
+    shape = ModelShape.from_config(load_config("llama-3.1-8b-config.json"), params=8.0e9)
+    assert shape.params == 8.0e9 and shape.params_source == "given"
+
+
+def test_config_without_layers_is_a_user_error():
+    with pytest.raises(DraftfitError, match="num_hidden_layers"):
+        ModelShape.from_config(
+            {"hidden_size": 64, "num_attention_heads": 4, "vocab_size": 10}, name="x"
+        )
+
+
+# ---- step profile ----------------------------------------------------------------------------
+
+
+def test_profile_plan_varies_batch_and_context_independently():
+    plan = profile_plan(batch_sizes=(1, 4, 16), context_lens=(128, 512), max_k=3)
+    decode = [p for p in plan if p.kind == "decode"]
+    verify = [p for p in plan if p.kind == "verify"]
+    assert {(p.batch_size, p.context_len) for p in decode} == {
+        (b, c) for b in (1, 4, 16) for c in (128, 512)
+    }
+    assert {(p.batch_size, p.tokens_per_seq) for p in verify} == {
+        (b, k + 1) for b in (1, 16) for k in (1, 2, 3)
+    }
+    p = verify[-1]
+    assert (p.batched_tokens, p.kv_tokens) == (16 * 4, 16 * 128)
+
+
+def test_profile_plan_respects_max_model_len():
+    plan = profile_plan(context_lens=(256, 4096), max_k=5, max_model_len=2048)
+    assert {p.context_len for p in plan} == {256}
+
+
+def test_fit_recovers_published_h100_profile():
+    """Samples generated from the published H100 Llama-3.1-8B fit, with ±1 % noise."""
+    a, b, c = 5.9e-3, 2.1e-5, 3.9e-8
+    plan = profile_plan(
+        batch_sizes=(1, 2, 4, 8, 16, 32, 64), context_lens=(256, 2048, 8192), max_k=5
+    )
+    bt = np.array([p.batched_tokens for p in plan], float)
+    kv = np.array([p.kv_tokens for p in plan], float)
+    noise = np.random.default_rng(0).uniform(-0.01, 0.01, bt.size)
+    t = (a + b * bt + c * kv) * (1 + noise)
+    prof = fit_step_profile(bt, kv, t, origin="synthetic")
+    assert prof.a == pytest.approx(a, rel=0.03)
+    assert prof.b == pytest.approx(b, rel=0.1)
+    assert prof.c == pytest.approx(c, rel=0.05)
+    assert prof.r2 > 0.99
+    assert prof.max_abs_rel_residual < 0.03
+    assert prof.n_samples == len(plan) and prof.kind == "measured"
+
+
+def test_fit_keeps_coefficients_non_negative():
+    # Step time that *falls* with KV tokens: unconstrained least squares would give c < 0.
+    bt = np.array([1, 2, 4, 8, 1, 2, 4, 8], float)
+    kv = np.array([100, 200, 400, 800, 1000, 2000, 4000, 8000], float)
+    t = 0.01 + 0.001 * bt - 1e-7 * kv
+    prof = fit_step_profile(bt, kv, t)
+    assert prof.c == 0.0 and prof.a > 0 and prof.b > 0
+    unconstrained = np.linalg.lstsq(np.column_stack([np.ones(8), bt, kv]), t, rcond=None)[0]
+    assert unconstrained[2] < 0
+
+
+def test_fit_exact_data_is_exact():
+    bt = np.array([1, 4, 16, 1, 4, 16], float)
+    kv = np.array([256, 1024, 4096, 1024, 4096, 16384], float)
+    t = 0.02 + 3e-4 * bt + 2e-6 * kv
+    prof = fit_step_profile(bt, kv, t)
+    assert (prof.a, prof.b, prof.c) == pytest.approx((0.02, 3e-4, 2e-6), rel=1e-9)
+    assert prof.r2 == pytest.approx(1.0)
+    assert prof.predict([2], [10]) == pytest.approx(0.02 + 6e-4 + 2e-5)
+
+
+def test_fit_refuses_points_that_cannot_separate_b_and_c():
+    bt = np.array([1, 2, 4, 8], float)
+    with pytest.raises(DraftfitError, match="cannot be told apart"):
+        fit_step_profile(bt, bt * 512, 0.01 + 1e-3 * bt)
+
+
+def test_profile_round_trips_through_dict():
+    prof = fit_step_profile(
+        [1, 4, 16, 1, 4, 16],
+        [256, 1024, 4096, 1024, 4096, 16384],
+        [0.02, 0.03, 0.05, 0.021, 0.033, 0.06],
+        origin="cpu test",
+    )
+    again = type(prof).from_dict(json.loads(json.dumps(prof.to_dict())))
+    assert again == prof

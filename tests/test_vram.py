@@ -1,0 +1,156 @@
+"""VRAM model against hand-computed cases (DESIGN §4.7)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from draftfit.errors import DraftfitError
+from draftfit.hardware import GIB, Hardware, ModelShape, load_catalog
+from draftfit.vram import dtype_bytes, vram_report, weight_bytes_per_gpu
+
+DATA = Path(__file__).parent / "data"
+LLAMA_8B = ModelShape.from_config(json.loads((DATA / "llama-3.1-8b-config.json").read_text()))
+LLAMA_70B = ModelShape.from_config(json.loads((DATA / "llama-3.1-70b-config.json").read_text()))
+H100 = load_catalog().get("H100 SXM")
+
+
+@pytest.mark.parametrize(
+    "dtype,nbytes",
+    [
+        ("bf16", 2),
+        ("bfloat16", 2),
+        ("fp16", 2),
+        ("fp8", 1),
+        ("FP8", 1),
+        ("int8", 1),
+        ("int4", 0.5 + 2 / 128),
+        ("awq", 0.5 + 2 / 128),
+        ("fp32", 4),
+        (3, 3),
+    ],
+)
+def test_dtype_bytes(dtype, nbytes):
+    assert dtype_bytes(dtype) == nbytes
+
+
+def test_unknown_dtype_lists_known_ones():
+    with pytest.raises(DraftfitError, match="unknown dtype 'int3'.*Use one of: .*bf16"):
+        dtype_bytes("int3")
+
+
+def test_llama70b_on_4x_h100_with_8b_draft_by_hand():
+    """Llama-3.1-70B (bf16, TP=4 on 4×H100 80GB, 0.9 utilization) + Llama-3.1-8B draft.
+
+    budget          = 0.9 × 80 GiB                                  = 77,309,411,328 B (72 GiB)
+    target weights  = 70,553,706,496 params × 2 B ÷ 4                = 35,276,853,248 B
+    draft weights   =  8,030,261,248 params × 2 B ÷ 4                =  4,015,130,624 B (3.74 GiB)
+    KV per token    = 2 · layers · (8 KV heads ÷ 4) · 128 · 2 B
+                      target 2·80·2·128·2 = 81,920 B (320 KiB ÷ 4); draft 2·32·2·128·2 = 32,768 B (128 KiB ÷ 4)
+    capacity, no draft   = (77,309,411,328 − 35,276,853,248) ÷ 81,920          = 513,092.75 → 513,092
+    capacity, with draft = (42,032,558,080 − 4,015,130,624) ÷ (81,920 + 32,768) = 331,485.66 → 331,485
+    tokens lost          = 181,607 (35.4 %)
+    at max_model_len 32,768: 513,092 // 32,768 = 15 sequences → 331,485 // 32,768 = 10
+    """
+    hw = Hardware(H100, count=4, tensor_parallel_size=4)
+    rep = vram_report(
+        hw, LLAMA_70B, LLAMA_8B, gpu_memory_utilization=0.9, max_model_len=32_768, concurrency=8
+    )
+    assert rep.budget_bytes == 77_309_411_328
+    assert rep.target_weight_bytes == 35_276_853_248
+    assert rep.draft_weight_bytes == 4_015_130_624
+    assert rep.kv_target_bytes_per_token == 81_920
+    assert rep.kv_draft_bytes_per_token == 32_768
+    assert rep.capacity_tokens_baseline == 513_092
+    assert rep.capacity_tokens_with_draft == 331_485
+    assert rep.tokens_lost == 181_607
+    assert rep.tokens_lost_fraction == pytest.approx(0.35395, abs=1e-5)
+    assert (rep.max_seqs_baseline, rep.max_seqs_with_draft, rep.seqs_lost) == (15, 10, 5)
+    # extra at load: draft weights + draft KV of 8 sequences × 32,768 tokens × 32,768 B = 8 GiB
+    assert rep.draft_kv_bytes_at_load == 8 * 32_768 * 32_768
+    assert rep.extra_gib == pytest.approx(4_015_130_624 / GIB + 8.0)
+    assert rep.fits and rep.baseline_fits
+    assert rep.kind == "predicted"
+
+
+def test_concurrency_beyond_capacity_does_not_fit():
+    hw = Hardware(H100, count=4, tensor_parallel_size=4)
+    rep = vram_report(hw, LLAMA_70B, LLAMA_8B, max_model_len=32_768, concurrency=12)
+    assert rep.baseline_fits  # 15 sequences without the draft
+    assert not rep.fits
+    assert (
+        rep.fit_reason
+        == "with draft: room for 10 sequences of 32768 tokens, fewer than concurrency 12"
+    )
+
+
+def test_draft_weights_that_exceed_the_budget():
+    """TP=2: target 70,553,706,496 × 2 ÷ 2 = 70,553,706,496 B leaves 6,755,704,832 B of 72 GiB:
+    41,233 tokens of 163,840 B without the draft; the 8B draft's 8,030,261,248 B do not fit."""
+    hw = Hardware(H100, count=2, tensor_parallel_size=2)
+    rep = vram_report(hw, LLAMA_70B, LLAMA_8B, max_model_len=8192, concurrency=4)
+    assert rep.capacity_tokens_baseline == 41_233
+    assert rep.baseline_fits and rep.max_seqs_baseline == 5
+    assert rep.capacity_tokens_with_draft == 0
+    assert not rep.fits and "exceed the budget" in rep.fit_reason
+
+
+def test_target_alone_too_big_is_reported_as_baseline_failure():
+    rep = vram_report(Hardware(H100), LLAMA_70B, LLAMA_8B, max_model_len=8192)
+    assert not rep.baseline_fits and not rep.fits
+    assert rep.fit_reason.startswith("baseline: weights")
+
+
+def test_capacity_below_max_model_len_refuses_to_start():
+    # 8B on one L4: 0.9 × 24 GiB = 23,192,823,398.4 B − 8,030,261,248 × 2 B = 7,132,300,902.4 B
+    # ÷ 131,072 B per token = 54,415.1 → 54,415 tokens < 131,072
+    l4 = load_catalog().get("L4")
+    rep = vram_report(Hardware(l4), LLAMA_8B, None, max_model_len=131_072)
+    assert rep.capacity_tokens_baseline == 54_415
+    assert not rep.fits and "vLLM refuses to start" in rep.fit_reason
+
+
+def test_model_free_method_costs_nothing():
+    hw = Hardware(H100, count=4, tensor_parallel_size=4)
+    rep = vram_report(hw, LLAMA_70B, None, max_model_len=32_768, concurrency=8)
+    assert rep.capacity_tokens_with_draft == rep.capacity_tokens_baseline == 513_092
+    assert rep.extra_bytes == 0 and rep.tokens_lost == 0 and rep.fits
+
+
+def test_int4_draft_and_fp8_kv():
+    """int4 draft: 8,030,261,248 × (0.5 + 2/128) ÷ 4 = 1,035,150,864 B; fp8 KV halves both KV sizes:
+    (42,032,558,080 − 1,035,150,864) ÷ (40,960 + 16,384) = 714,938.04 → 714,938 tokens."""
+    hw = Hardware(H100, count=4, tensor_parallel_size=4)
+    rep = vram_report(
+        hw, LLAMA_70B, LLAMA_8B, draft_dtype="int4", kv_cache_dtype="fp8", max_model_len=32_768
+    )
+    assert rep.draft_weight_bytes == 1_035_150_864
+    assert (rep.kv_target_bytes_per_token, rep.kv_draft_bytes_per_token) == (40_960, 16_384)
+    assert rep.capacity_tokens_with_draft == 714_938
+
+
+def test_weight_bytes_per_gpu():
+    assert weight_bytes_per_gpu(LLAMA_8B, "fp8", 2) == 8_030_261_248 / 2
+
+
+@pytest.mark.parametrize(
+    "kwargs,match",
+    [
+        ({"gpu_memory_utilization": 1.5}, "gpu_memory_utilization"),
+        ({"concurrency": 0}, "must be ≥ 1"),
+    ],
+)
+def test_bad_settings_are_user_errors(kwargs, match):
+    with pytest.raises(DraftfitError, match=match):
+        vram_report(
+            Hardware(H100), LLAMA_8B, None, max_model_len=4096, **{"concurrency": 1, **kwargs}
+        )
+
+
+def test_report_serializes():
+    rep = vram_report(Hardware(H100), LLAMA_8B, None, max_model_len=4096)
+    data = json.loads(json.dumps(rep.to_dict()))
+    assert data["kind"] == "predicted" and data["source"] == "vram-model:H100 SXM"
+    assert data["tokens_lost"] == 0
