@@ -1,0 +1,139 @@
+"""Measured step-time profile: time real engine steps on the machine at hand and fit
+``T = a + b·batched_tokens + c·kv_tokens`` (draftfit.hardware.fit_step_profile).
+
+Two kinds of timing, both on a live vLLM ``LLM``:
+
+* **decode steps** (1 new token per sequence): ``B`` sequences whose prompts of ``L`` tokens are
+  already in the prefix cache generate ``M1`` and then ``M2`` tokens; the difference of the two wall
+  times divided by ``M2 − M1`` is one steady-state decode step — prefill, request admission and
+  output processing cancel out;
+* **verification steps** (``m = k+1`` new tokens per sequence, the shape of a speculative step):
+  prompts of ``L`` cached tokens plus ``m`` new ones generate one token, so the engine runs one step
+  over ``B·m`` tokens. The fixed cost of such a one-step call is measured by the same call with
+  ``m = 1`` and taken off: ``verify(B, L, m) = call(B, L, m) − (call(B, L, 1) − decode(B, L))``.
+
+Context lengths are rounded to whole KV blocks so the prefix cache holds exactly the ``L`` tokens.
+Each timing is repeated and the median kept.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import numpy as np
+
+from draftfit.hardware import StepProfile, fit_step_profile
+
+
+@dataclass(frozen=True)
+class TimedStep:
+    kind: str  # "decode" | "verify"
+    batch_size: int
+    tokens_per_seq: int
+    context_len: float
+    seconds: float
+
+    @property
+    def batched_tokens(self) -> int:
+        return self.batch_size * self.tokens_per_seq
+
+    @property
+    def kv_tokens(self) -> float:
+        return self.batch_size * self.context_len
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "batched_tokens": self.batched_tokens, "kv_tokens": self.kv_tokens}
+
+
+@dataclass(frozen=True)
+class MeasuredProfile:
+    profile: StepProfile
+    steps: tuple[TimedStep, ...]
+    wall_seconds: float
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "kind": "measured",
+            "profile": self.profile.to_dict(),
+            "steps": [step.to_dict() for step in self.steps],
+            "wall_seconds": self.wall_seconds,
+        }
+
+
+def _block_size(llm: Any) -> int:
+    try:
+        return int(llm.llm_engine.vllm_config.cache_config.block_size)
+    except AttributeError:
+        return 16
+
+
+def measure_step_profile(
+    llm: Any,
+    *,
+    vocab_size: int,
+    batch_sizes: Sequence[int] = (1, 4, 16, 32),
+    context_lens: Sequence[int] = (128, 384),
+    max_k: int = 5,
+    verify_batch_sizes: Sequence[int] | None = None,
+    decode_tokens: tuple[int, int] = (4, 20),
+    repeats: int = 3,
+    seed: int = 0,
+    origin: str = "",
+    progress: Callable[[str], None] | None = None,
+) -> MeasuredProfile:
+    """Time decode and verification steps on ``llm`` (a ``vllm.LLM``) and fit the step model."""
+    from vllm import SamplingParams, TokensPrompt
+
+    started = time.perf_counter()
+    block = _block_size(llm)
+    contexts = sorted({max(block, int(round(c / block)) * block) for c in context_lens})
+    batches = sorted({int(b) for b in batch_sizes})
+    verify_batches = sorted(set(verify_batch_sizes or (batches[0], batches[-1])))
+    rng = np.random.default_rng(seed)
+    low, high = min(1000, vocab_size // 4), vocab_size - 1
+
+    def tokens(n: int) -> list[int]:
+        return rng.integers(low, high, size=n).tolist()
+
+    def run(prompts: list[list[int]], max_tokens: int) -> float:
+        params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True, detokenize=False)
+        batch = [TokensPrompt(prompt_token_ids=p) for p in prompts]
+        begin = time.perf_counter()
+        llm.generate(batch, params, use_tqdm=False)
+        return time.perf_counter() - begin
+
+    def median_of(fn: Callable[[], float]) -> float:
+        return statistics.median(fn() for _ in range(repeats))
+
+    steps: list[TimedStep] = []
+    m1, m2 = decode_tokens
+    for context in contexts:
+        for batch_size in batches:
+            if progress:
+                progress(f"decode B={batch_size} L={context}")
+            prefixes = [tokens(context) for _ in range(batch_size)]
+            run(prefixes, 1)  # fill the prefix cache
+            t1 = median_of(lambda: run(prefixes, m1))
+            t2 = median_of(lambda: run(prefixes, m2))
+            decode = max((t2 - t1) / (m2 - m1), 1e-6)
+            steps.append(TimedStep("decode", batch_size, 1, context + (m1 + m2) / 2, decode))
+            if batch_size not in verify_batches or context != contexts[0]:
+                continue
+            one_step = median_of(lambda: run([p + tokens(1) for p in prefixes], 1))
+            call_overhead = max(one_step - decode, 0.0)
+            for k in range(1, max_k + 1):
+                if progress:
+                    progress(f"verify B={batch_size} L={context} k={k}")
+                call = median_of(lambda k=k: run([p + tokens(k + 1) for p in prefixes], 1))
+                steps.append(TimedStep("verify", batch_size, k + 1, context, max(call - call_overhead, 1e-6)))
+    profile = fit_step_profile(
+        [s.batched_tokens for s in steps],
+        [s.kv_tokens for s in steps],
+        [s.seconds for s in steps],
+        origin=origin,
+    )
+    return MeasuredProfile(profile, tuple(steps), time.perf_counter() - started)
