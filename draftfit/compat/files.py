@@ -1,0 +1,204 @@
+"""Reading a model's tokenizer and config files (never weights) into plain data.
+
+Only the ``tokenizers`` library and the JSON files are used: no transformers, no torch.
+Every unreadable file becomes a one-line :class:`DraftfitError` naming the file and the fix.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from draftfit.errors import DraftfitError
+
+TOKENIZER_JSON = "tokenizer.json"
+TOKENIZER_CONFIG = "tokenizer_config.json"
+CONFIG = "config.json"
+GENERATION_CONFIG = "generation_config.json"
+CHAT_TEMPLATE_JINJA = "chat_template.jinja"
+CHAT_TEMPLATE_JSON = "chat_template.json"
+
+# files that hold a tokenizer in a format other than tokenizer.json (a "slow" tokenizer)
+_SLOW_TOKENIZER_FILES = ("tokenizer.model", "vocab.json", "merges.txt", "vocab.txt", "spiece.model")
+# nested configs that hold the language model's settings (multimodal and composite models)
+_TEXT_CONFIG_KEYS = ("text_config", "language_config", "llm_config", "decoder", "generator")
+SPECIAL_ROLES = ("bos", "eos", "pad", "unk")
+
+_RESAVE_FIX = (
+    "Re-download the file, or re-save the tokenizer with "
+    "`AutoTokenizer.from_pretrained(DIR).save_pretrained(DIR)`"
+)
+
+
+@dataclass
+class ModelFiles:
+    """What ``check`` reads from one model directory."""
+
+    directory: Path
+    label: str
+    tokenizer_json: dict[str, Any]
+    tokenizer: Any  # tokenizers.Tokenizer
+    tokenizer_config: dict[str, Any] = field(default_factory=dict)
+    config: dict[str, Any] = field(default_factory=dict)
+    generation_config: dict[str, Any] | None = None
+    chat_template: str | None = None
+    chat_template_source: str | None = None
+    tokenizer_text: str = field(default="", repr=False)
+
+    @property
+    def config_vocab_size(self) -> int | None:
+        """``vocab_size`` of the language model's config (embedding rows), as engines read it."""
+        return text_config_value(self.config, "vocab_size")
+
+    def special_token(self, role: str) -> str | None:
+        """The ``{role}_token`` string declared in tokenizer_config.json, if any."""
+        return token_content(self.tokenizer_config.get(f"{role}_token"))
+
+
+def load_model_files(
+    directory: str | Path, *, label: str | None = None, like: ModelFiles | None = None
+) -> ModelFiles:
+    """Read tokenizer.json, tokenizer_config.json, config.json, generation_config.json and the
+    chat template from a metadata directory.
+
+    When ``like`` (an already loaded model) has a byte-identical tokenizer.json, its parsed
+    tokenizer is shared instead of parsed again (the usual same-family pair).
+    """
+    from tokenizers import Tokenizer
+
+    directory = Path(directory)
+    label = label or str(directory)
+    if not directory.is_dir():
+        what = "is a file, not a model directory" if directory.exists() else "no such directory"
+        raise DraftfitError(
+            what, where=str(directory),
+            fix="Pass a Hugging Face model directory, a .gguf file, a hub id or pkg:PACKAGE",
+        )
+    tok_path = directory / TOKENIZER_JSON
+    if not tok_path.is_file():
+        raise _missing_tokenizer(directory)
+    text = _read_text(tok_path, _RESAVE_FIX)
+    if like is not None and like.tokenizer_text == text:
+        tokenizer_json, tokenizer = like.tokenizer_json, like.tokenizer
+    else:
+        tokenizer_json = _parse_json_object(tok_path, text, _RESAVE_FIX)
+        if not isinstance(tokenizer_json.get("model"), dict) or "type" not in tokenizer_json["model"]:
+            raise DraftfitError(
+                "not a tokenizers file (no `model.type`)", where=str(tok_path), fix=_RESAVE_FIX
+            )
+        try:
+            tokenizer = Tokenizer.from_str(text)
+        except Exception as exc:  # noqa: BLE001 - the Rust parser raises plain Exception
+            detail = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            raise DraftfitError(
+                f"the tokenizers library cannot load it ({detail})", where=str(tok_path),
+                fix=f"{_RESAVE_FIX}, or upgrade `tokenizers`",
+            ) from exc
+
+    config_path = directory / CONFIG
+    if not config_path.is_file():
+        raise DraftfitError(
+            "no config.json (check reads the model's vocab_size from it)", where=str(directory),
+            fix="Copy the model's config.json into the directory, next to tokenizer.json",
+        )
+    config_fix = "Re-download the model's config.json"
+    config = _parse_json_object(config_path, _read_text(config_path, config_fix), config_fix)
+
+    tokenizer_config = _optional_json(directory / TOKENIZER_CONFIG, _RESAVE_FIX) or {}
+    generation_config = _optional_json(
+        directory / GENERATION_CONFIG, "Re-download the model's generation_config.json, or delete it"
+    )
+    template, source = _chat_template(directory, tokenizer_config)
+    return ModelFiles(
+        directory=directory, label=label, tokenizer_json=tokenizer_json, tokenizer=tokenizer,
+        tokenizer_config=tokenizer_config, config=config, generation_config=generation_config,
+        chat_template=template, chat_template_source=source, tokenizer_text=text,
+    )
+
+
+def text_config_value(config: dict[str, Any], key: str) -> Any:
+    """``config[key]``, else the same key in the nested language-model config (as engines look it up)."""
+    if key in config:
+        return config[key]
+    for nested in _TEXT_CONFIG_KEYS:
+        sub = config.get(nested)
+        if isinstance(sub, dict) and key in sub:
+            return sub[key]
+    thinker = config.get("thinker_config")
+    if isinstance(thinker, dict):
+        return text_config_value(thinker, key)
+    return None
+
+
+def token_content(value: Any) -> str | None:
+    """A special-token entry of tokenizer_config.json: a string or a serialized AddedToken."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, dict) and isinstance(value.get("content"), str):
+        return value["content"]
+    return None
+
+
+def _missing_tokenizer(directory: Path) -> DraftfitError:
+    slow = [name for name in _SLOW_TOKENIZER_FILES if (directory / name).is_file()]
+    if slow:
+        return DraftfitError(
+            f"no tokenizer.json (only {', '.join(slow)}: a slow tokenizer)", where=str(directory),
+            fix="Convert it once with `AutoTokenizer.from_pretrained(DIR).save_pretrained(DIR)`, "
+            "which writes tokenizer.json",
+        )
+    return DraftfitError(
+        "no tokenizer files (tokenizer.json)", where=str(directory),
+        fix="Point at the model's directory, or copy its tokenizer.json, tokenizer_config.json "
+        "and config.json into it",
+    )
+
+
+def _read_text(path: Path, fix: str) -> str:
+    try:
+        return path.read_text("utf-8")
+    except UnicodeDecodeError as exc:
+        raise DraftfitError(f"not UTF-8 text ({exc.reason} at byte {exc.start})",
+                            where=str(path), fix=fix) from exc
+    except OSError as exc:
+        raise DraftfitError(f"cannot read it ({exc.strerror})", where=str(path), fix=fix) from exc
+
+
+def _parse_json_object(path: Path, text: str, fix: str) -> dict[str, Any]:
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise DraftfitError(
+            f"not valid JSON ({exc.msg} at line {exc.lineno} column {exc.colno})",
+            where=str(path), fix=fix,
+        ) from exc
+    if not isinstance(data, dict):
+        raise DraftfitError(f"expected a JSON object, found {type(data).__name__}",
+                            where=str(path), fix=fix)
+    return data
+
+
+def _optional_json(path: Path, fix: str) -> dict[str, Any] | None:
+    if not path.is_file():
+        return None
+    return _parse_json_object(path, _read_text(path, fix), fix)
+
+
+def _chat_template(directory: Path, tokenizer_config: dict[str, Any]) -> tuple[str | None, str | None]:
+    """The default chat template and the file it came from (chat_template.jinja wins, as in transformers)."""
+    jinja = directory / CHAT_TEMPLATE_JINJA
+    if jinja.is_file():
+        return _read_text(jinja, "Re-download chat_template.jinja"), CHAT_TEMPLATE_JINJA
+    value = tokenizer_config.get("chat_template")
+    if isinstance(value, list):  # named templates: [{"name": ..., "template": ...}]
+        named = {t.get("name"): t.get("template") for t in value if isinstance(t, dict)}
+        value = named.get("default", next(iter(named.values()), None))
+    if isinstance(value, str):
+        return value, TOKENIZER_CONFIG
+    path = directory / CHAT_TEMPLATE_JSON
+    data = _optional_json(path, "Re-download chat_template.json")
+    if data and isinstance(data.get("chat_template"), str):
+        return data["chat_template"], CHAT_TEMPLATE_JSON
+    return None, None
