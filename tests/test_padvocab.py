@@ -85,3 +85,25 @@ def test_pad_vocab_refuses_non_empty_output(smollm2_model, tmp_path):
     result = CliRunner().invoke(cli, ["pad-vocab", "smollm2", "--to", str(TARGET_VOCAB), "-o", str(tmp_path / "x")])
     assert result.exit_code == 2 and "not empty" in result.output and "--force" in result.output
     assert (tmp_path / "x" / "keep.txt").read_text() == "mine"
+
+
+@pytest.mark.slow
+def test_check_passes_the_vllm_gate_after_padding(smollm2_meta, padded, tmp_path):
+    """A target with padded embeddings (the Qwen2.5-72B case): the unpadded draft is refused,
+    `check` names pad-vocab as the fix, and the padded copy passes."""
+    import shutil
+
+    target = tmp_path / "padded-target"
+    shutil.copytree(smollm2_meta, target)
+    config = json.loads((target / "config.json").read_text())
+    config["vocab_size"] = TARGET_VOCAB
+    (target / "config.json").write_text(json.dumps(config))
+
+    before = CliRunner().invoke(cli, ["check", str(target), "smollm2"])
+    assert before.exit_code == 1, before.output
+    assert "Target and draft model should have the same vocabulary size" in before.output
+    assert f"draftfit pad-vocab smollm2 --to {TARGET_VOCAB}" in before.output
+
+    after = CliRunner().invoke(cli, ["check", str(target), str(padded), "--json"])
+    assert after.exit_code == 0, after.output
+    assert json.loads(after.output)["engines"]["vllm"]["verdict"] == "compatible"
