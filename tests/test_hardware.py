@@ -20,7 +20,6 @@ from draftfit.hardware import (
 )
 
 DATA = Path(__file__).parent / "data"
-SMOL_CONFIG = Path("/tmp/smolmeta/config.json")
 
 
 def load_config(name: str) -> dict:
@@ -167,8 +166,8 @@ def test_param_estimate_matches_llama(config, params, rel):
     assert shape.params_source == "estimated from config.json"
 
 
-def test_param_estimate_smollm2_tied_embeddings():
-    shape = ModelShape.from_config(json.loads(SMOL_CONFIG.read_text()))
+def test_param_estimate_smollm2_tied_embeddings(smollm2_meta):
+    shape = ModelShape.from_config(json.loads((smollm2_meta / "config.json").read_text()))
     # embed 49152·576 (tied, counted once) + 30 layers · (attention 884,736 + MLP 2,654,208 + norms 1,152)
     # + final norm 576 = 134,515,008
     assert shape.params == 134_515_008
