@@ -42,3 +42,7 @@ def smollm2_model(smollm2_ref) -> Path:
     from draftfit.refs import model_dir
 
     return model_dir(smollm2_ref)
+
+
+# Session-scoped engine fixtures (one shared vLLM engine per test session).
+from engine_fixtures import *  # noqa: E402,F401,F403

