@@ -221,7 +221,8 @@ class _Dist:
 
 
 def _dist(tl: TopLogprobs, tokens: np.ndarray) -> _Dist:
-    ids = np.asarray(tl.ids)
+    # int64: engines store int32 ids, and the sentinel below does not fit in int32
+    ids = np.asarray(tl.ids).astype(np.int64, copy=False)
     lp_in = np.asarray(tl.logprobs)
     eps = np.finfo(lp_in.dtype).eps if lp_in.dtype.kind == "f" else np.finfo(np.float64).eps
     lp = lp_in.astype(np.float64)

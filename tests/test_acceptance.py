@@ -648,3 +648,13 @@ def test_walk_takes_a_nan_padded_batch_like_a_list_of_responses():
     for k in (1, 3):
         assert as_batch.lower.counts(k) == as_list.lower.counts(k)
         assert as_batch.upper.counts(k) == as_list.upper.counts(k)
+
+
+@pytest.mark.parametrize("dtype", [np.int32, np.int64])
+def test_greedy_flags_with_engine_id_dtypes(dtype):
+    """Engines store token ids as int32; the draft's argmax must not depend on the dtype."""
+    tokens = np.array([5, 7, 9], dtype=dtype)
+    ids = np.array([[5, 1], [2, 7], [9, 3]], dtype=dtype)
+    logprobs = np.log(np.array([[0.6, 0.3], [0.5, 0.4], [0.9, 0.05]]))
+    flags = acceptance_given_token("greedy", tokens, draft=TopLogprobs(ids, logprobs))
+    assert flags.exact and flags.lower.tolist() == [1.0, 0.0, 1.0]
