@@ -47,10 +47,11 @@ PROFILE_PLANS = {
 class EngineSession:
     """A lazily built engine for one model, lent to the cached steps and closed once."""
 
-    def __init__(self, ref: ModelRef, build: Callable[[ModelRef], Any]):
+    def __init__(self, ref: ModelRef, build: Callable[[ModelRef], Any], seconds: dict[str, float] | None = None):
         self.ref = ref
         self._build = build
         self.engine = None
+        self.seconds = seconds if seconds is not None else {}  # engine time by kind, summed over sessions
 
     def get(self):
         if self.engine is None:
@@ -66,6 +67,9 @@ class EngineSession:
     def close(self) -> None:
         if self.engine is not None:
             self.engine.close()
+            for timing in self.engine.timings:
+                kind = timing.op if timing.op in ("startup", "shutdown") else "calls"
+                self.seconds[f"engine_{kind}"] = self.seconds.get(f"engine_{kind}", 0.0) + timing.seconds
             self.engine = None
 
 
@@ -99,10 +103,11 @@ def measured_profile(session: EngineSession, engine_fields: dict, plan: dict, vo
         except (OSError, ValueError):
             log.warning("profile cache entry %s is unreadable; measuring again", path)
     engine = session.get()
-    profile = measure_step_profile(
-        engine.llm, vocab_size=vocab_size, origin=f"{session.ref.name} on this machine ({engine.info.engine_id}, {engine.info.dtype})",
-        progress=progress, **plan,
-    )
+    with engine.timed("profile"):
+        profile = measure_step_profile(
+            engine.llm, vocab_size=vocab_size, origin=f"{session.ref.name} on this machine ({engine.info.engine_id}, {engine.info.dtype})",
+            progress=progress, **plan,
+        )
     data = profile.to_dict()
     atomic_write_json(path, data)
     data["from_cache"] = False
@@ -182,7 +187,7 @@ class RankRun:
         profiles: dict[str, dict] = {}
 
         # --- the target: trajectories, its profile, and self-drafts, on one engine ---------------
-        target_session = EngineSession(target_ref, build)
+        target_session = EngineSession(target_ref, build, self.timings)
         scores_by_fp: dict[str, Any] = {}
         try:
             self.progress(f"target trajectories ({len(prompt_ids)} prompts × ≤{study.max_tokens} tokens)")
@@ -205,7 +210,7 @@ class RankRun:
             fp = fingerprint(draft)
             if fp in scores_by_fp:
                 continue
-            session = EngineSession(draft, build)
+            session = EngineSession(draft, build, self.timings)
             try:
                 self.progress(f"scoring draft {draft.name}")
                 scores_by_fp[fp] = self._score(trajset, draft, engine_config, session)
