@@ -24,7 +24,7 @@ from typing import Any
 
 from draftfit.errors import DraftfitError
 from draftfit.paths import cache_subdir
-from draftfit.refs import ModelRef, fingerprint, model_dir, resolve
+from draftfit.refs import COMPANION_FILES, ModelRef, fingerprint, model_dir, resolve
 
 # config keys that count decoder layers, by architecture family
 LAYER_COUNT_KEYS = ("num_hidden_layers", "n_layer", "num_layers")
@@ -32,18 +32,6 @@ LAYER_COUNT_KEYS = ("num_hidden_layers", "n_layer", "num_layers")
 PER_LAYER_KEYS = ("layer_types", "sliding_window_pattern_list", "no_rope_layers")
 # a decoder layer's tensors: model.layers.<i>. (Llama, Qwen, Mistral...), transformer.h.<i>. (GPT-2)
 LAYER_NAME = re.compile(r"(?:^|\.)(?:layers|h|blocks)\.(\d+)\.")
-COPY_FILES = (
-    "tokenizer.json",
-    "tokenizer_config.json",
-    "special_tokens_map.json",
-    "chat_template.jinja",
-    "chat_template.json",
-    "added_tokens.json",
-    "tokenizer.model",
-    "vocab.json",
-    "merges.txt",
-    "generation_config.json",
-)
 SOURCE_FILE = "draftfit-source.json"
 ALIGN = 8
 
@@ -102,7 +90,7 @@ def first_layers(target: ModelRef | str | Path, n_layers: int) -> DerivedDraft:
             if isinstance(derived.get(key), list):
                 derived[key] = derived[key][:n_layers]
         (tmp / "config.json").write_text(json.dumps(derived, indent=2) + "\n", encoding="utf-8")
-        for name in COPY_FILES:
+        for name in COMPANION_FILES:
             if (source / name).is_file():
                 shutil.copy2(source / name, tmp / name)
         provenance = {

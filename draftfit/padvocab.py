@@ -23,20 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from draftfit.errors import DraftfitError
-from draftfit.refs import ModelRef, model_dir
-
-TOKENIZER_COPY = (
-    "tokenizer.json",
-    "tokenizer_config.json",
-    "special_tokens_map.json",
-    "chat_template.jinja",
-    "chat_template.json",
-    "added_tokens.json",
-    "tokenizer.model",
-    "vocab.json",
-    "merges.txt",
-    "generation_config.json",
-)
+from draftfit.refs import COMPANION_FILES, ModelRef, model_dir
 
 
 @dataclass(frozen=True)
@@ -119,7 +106,7 @@ def pad_vocab(ref: ModelRef, to: int, output: Path, *, trust_remote_code: bool =
     tmp = output.with_name(f".{output.name}.partial")
     shutil.rmtree(tmp, ignore_errors=True)
     model.save_pretrained(str(tmp))
-    for name in TOKENIZER_COPY:
+    for name in COMPANION_FILES:
         if (source / name).is_file():
             shutil.copy2(source / name, tmp / name)
     (tmp / "draftfit-padded.json").write_text(

@@ -106,8 +106,8 @@ def measure_step_profile(
         llm.generate(batch, params, use_tqdm=False)
         return time.perf_counter() - begin
 
-    def median_of(fn: Callable[[], float]) -> float:
-        return statistics.median(fn() for _ in range(repeats))
+    def median_run(make_prompts: Callable[[], list[list[int]]], max_tokens: int) -> float:
+        return statistics.median(run(make_prompts(), max_tokens) for _ in range(repeats))
 
     steps: list[TimedStep] = []
     m1, m2 = decode_tokens
@@ -117,18 +117,18 @@ def measure_step_profile(
                 progress(f"decode B={batch_size} L={context}")
             prefixes = [tokens(context) for _ in range(batch_size)]
             run(prefixes, 1)  # fill the prefix cache
-            t1 = median_of(lambda: run(prefixes, m1))
-            t2 = median_of(lambda: run(prefixes, m2))
+            t1 = median_run(lambda p=prefixes: p, m1)
+            t2 = median_run(lambda p=prefixes: p, m2)
             decode = max((t2 - t1) / (m2 - m1), 1e-6)
             steps.append(TimedStep("decode", batch_size, 1, context + (m1 + m2) / 2, decode))
             if batch_size not in verify_batches or context != contexts[0]:
                 continue
-            one_step = median_of(lambda: run([p + tokens(1) for p in prefixes], 1))
+            one_step = median_run(lambda p=prefixes: [x + tokens(1) for x in p], 1)
             call_overhead = max(one_step - decode, 0.0)
             for k in range(1, max_k + 1):
                 if progress:
                     progress(f"verify B={batch_size} L={context} k={k}")
-                call = median_of(lambda k=k: run([p + tokens(k + 1) for p in prefixes], 1))
+                call = median_run(lambda p=prefixes, k=k: [x + tokens(k + 1) for x in p], 1)
                 steps.append(TimedStep("verify", batch_size, k + 1, context, max(call - call_overhead, 1e-6)))
     profile = fit_step_profile(
         [s.batched_tokens for s in steps],

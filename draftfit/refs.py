@@ -32,6 +32,7 @@ import os
 import re
 import shutil
 import tempfile
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -54,6 +55,19 @@ METADATA_FILES = (
     "added_tokens.json",
 )
 WEIGHT_PATTERNS = ("*.safetensors", "*.bin", "*.pt", "*.pth")
+# files that travel with a model's weights when draftfit writes a derived or padded copy
+COMPANION_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "chat_template.jinja",
+    "chat_template.json",
+    "added_tokens.json",
+    "tokenizer.model",
+    "vocab.json",
+    "merges.txt",
+    "generation_config.json",
+)
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.\-]*/[\w.\-]+$")
 
 
@@ -236,6 +250,22 @@ def _publish(tmp: Path, final: Path) -> Path:
     return final
 
 
+@contextmanager
+def _converting(parent: Path, *, where: str, failure: str, fix: str):
+    """A temporary directory under ``parent`` for a conversion; removed on any error, which
+    becomes one ModelRefError (``failure`` and the cause) unless it already is one."""
+    parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=parent, prefix=".convert-"))
+    try:
+        yield tmp
+    except ModelRefError:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    except Exception as exc:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise ModelRefError(f"{failure} ({type(exc).__name__}: {exc})", where=where, fix=fix) from exc
+
+
 def _gguf_converted(ref: ModelRef, *, weights: bool) -> Path:
     gguf_path = ref.path
     base = cache_subdir("gguf") / _cache_key(gguf_path)
@@ -245,9 +275,12 @@ def _gguf_converted(ref: ModelRef, *, weights: bool) -> Path:
     if not weights and (base / "model" / "config.json").is_file():
         return base / "model"
     _check_gguf_has_tokenizer(gguf_path)
-    base.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=base, prefix=".convert-"))
-    try:
+    with _converting(
+        base,
+        where=str(gguf_path),
+        failure="could not convert the GGUF file",
+        fix="Check that it is a complete GGUF of a transformers-supported architecture, or pass an HF directory",
+    ) as tmp:
         transformers = _import_transformers("convert a GGUF file")
         kwargs = {"gguf_file": gguf_path.name}
         tokenizer = transformers.AutoTokenizer.from_pretrained(str(gguf_path.parent), **kwargs)
@@ -268,16 +301,6 @@ def _gguf_converted(ref: ModelRef, *, weights: bool) -> Path:
         transformers.GenerationConfig.from_model_config(config).save_pretrained(str(tmp))
         tokenizer.save_pretrained(str(tmp))
         (tmp / "draftfit-source.json").write_text(json.dumps({"gguf": str(gguf_path)}, indent=2))
-    except ModelRefError:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    except Exception as exc:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise ModelRefError(
-            f"could not convert the GGUF file ({type(exc).__name__}: {exc})",
-            where=str(gguf_path),
-            fix="Check that it is a complete GGUF of a transformers-supported architecture, or pass an HF directory",
-        ) from exc
     return _publish(tmp, final)
 
 
@@ -309,8 +332,12 @@ def _slow_tokenizer_converted(ref: ModelRef, *, trust_remote_code: bool) -> Path
     final = cache_subdir("tokenizers") / _cache_key(source)
     if (final / "tokenizer.json").is_file():
         return final
-    tmp = Path(tempfile.mkdtemp(dir=final.parent, prefix=".convert-"))
-    try:
+    with _converting(
+        final.parent,
+        where=str(source),
+        failure="could not load its tokenizer",
+        fix="Check the tokenizer files; pass --trust-remote-code only if you trust the repository's code",
+    ) as tmp:
         transformers = _import_transformers("convert a slow tokenizer to tokenizer.json")
         tokenizer = transformers.AutoTokenizer.from_pretrained(str(source), trust_remote_code=trust_remote_code)
         tokenizer.save_pretrained(str(tmp))
@@ -323,16 +350,6 @@ def _slow_tokenizer_converted(ref: ModelRef, *, trust_remote_code: bool) -> Path
                 where=str(source),
                 fix="Add a tokenizer.json to the directory",
             )
-    except ModelRefError:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    except Exception as exc:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise ModelRefError(
-            f"could not load its tokenizer ({type(exc).__name__}: {exc})",
-            where=str(source),
-            fix="Check the tokenizer files; pass --trust-remote-code only if you trust the repository's code",
-        ) from exc
     return _publish(tmp, final)
 
 
