@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib
 import os
+import signal
 import sys
 
 import click
@@ -105,7 +106,14 @@ def cli(ctx: click.Context, debug: bool) -> None:
     ctx.obj["debug"] = debug
 
 
+def _exit_on_sigterm(signum, frame) -> None:
+    # SystemExit unwinds the stack, so engines are shut down by their `finally` blocks instead of
+    # being left running without a parent.
+    raise SystemExit(128 + signum)
+
+
 def main() -> None:
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)
     cli(prog_name="draftfit")
 
 
