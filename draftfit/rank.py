@@ -206,16 +206,20 @@ class RankRun:
             target_session.close()
 
         # --- each draft model: one prefill per trajectory, its profile ---------------------------
-        for draft in {fingerprint(p.draft_ref): p.draft_ref for p in plans if p.draft_ref is not None and not p.skip_reason}.values():
-            fp = fingerprint(draft)
+        drafts: dict[str, tuple[ModelRef, list[str]]] = {}
+        for p in plans:
+            if p.draft_ref is not None and not p.skip_reason:
+                drafts.setdefault(fingerprint(p.draft_ref), (p.draft_ref, []))[1].append(p.candidate.name)
+        for fp, (draft, names) in drafts.items():
             if fp in scores_by_fp:
                 continue
             session = EngineSession(draft, build, self.timings)
+            label = ", ".join(names)
             try:
-                self.progress(f"scoring draft {draft.name}")
+                self.progress(f"scoring the draft of {label}")
                 scores_by_fp[fp] = self._score(trajset, draft, engine_config, session)
                 if measured:
-                    self.progress(f"measuring {draft.name}'s step times")
+                    self.progress(f"measuring the step times of {label}'s draft")
                     draft_config = json.loads((metadata_dir(draft) / "config.json").read_text())
                     profiles[fp] = measured_profile(session, engine_fields, plan, int(draft_config["vocab_size"]), self.progress)
             except DraftfitError as exc:

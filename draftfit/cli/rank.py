@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import click
@@ -78,7 +79,7 @@ def rank(candidate_files, study_file, reports_dir, run_id, gpu_catalog, profile_
     with console.status("starting") as status:
         def progress(message: str) -> None:
             status.update(message)
-            console.log(message)
+            console.print(f"[dim]{time.strftime('%H:%M:%S')}[/dim] {message}", highlight=False)
 
         run = RankRun(candidates, study, reports_root=reports_dir, run_id=run_id, argv=click.get_current_context().meta.get("draftfit.argv"),
                       gpu_catalog=str(gpu_catalog) if gpu_catalog else None, progress=progress,
