@@ -394,6 +394,7 @@ def predict_costs(
     al_low: Sequence[float] | None = None,
     al_high: Sequence[float] | None = None,
     spec_overhead_s: float = 0.0,
+    draft_fraction: Sequence[float] | None = None,
     target_model: dict[str, Any] | None = None,
     draft_model: dict[str, Any] | None = None,
 ) -> CostPrediction:
@@ -402,6 +403,11 @@ def predict_costs(
     ``al[i]`` is the mean acceptance length (bonus token included) for ``ks[i]``; ``al_low`` /
     ``al_high`` its confidence interval (speedup is linear in AL, so they map to speedup bounds).
     ``context_len`` is the mean number of cached tokens per sequence during decoding.
+
+    ``draft_fraction[i]``: the share of decode steps that carry drafts for ``ks[i]`` (default 1).
+    A model draft proposes at every step; prompt lookup proposes only where it finds a match, and
+    a step without a proposal costs a plain target step. ``al`` is then the tokens per decode
+    step over *all* steps, and the step time is ``f·T_spec + (1 − f)·T_base``.
     """
     k_arr = np.asarray(ks, int)
     al_arr = np.asarray(al, float)
@@ -429,6 +435,11 @@ def predict_costs(
         raise DraftfitError(
             f"context_len {context_len} must be ≥ 0", fix="Pass the mean cached tokens per sequence"
         )
+    frac = np.ones(k_arr.size) if draft_fraction is None else np.clip(np.asarray(draft_fraction, float), 0.0, 1.0)
+    if frac.shape != k_arr.shape:
+        raise DraftfitError(
+            f"need one draft fraction per k (got {frac.size} for {k_arr.size} ks)", fix="Pass draft_fraction like ks"
+        )
     lo = np.asarray(al_low, float) if al_low is not None else al_arr.copy()
     hi = np.asarray(al_high, float) if al_high is not None else al_arr.copy()
 
@@ -440,7 +451,8 @@ def predict_costs(
             target.step_time(b[None, :] * (k_arr[:, None] + 1), kv[None, :]), float
         )
         t_draft = np.asarray(draft.draft_time(k_arr, b, context_len), float)
-        return t_base, t_draft, t_verify, t_draft + t_verify + spec_overhead_s
+        t_spec = frac[:, None] * (t_draft + t_verify + spec_overhead_s) + (1.0 - frac[:, None]) * t_base[None, :]
+        return t_base, t_draft, t_verify, t_spec
 
     t_base, t_draft, t_verify, t_spec = parts(levels)
 

@@ -271,6 +271,9 @@ class RankRun:
             warnings=self.warnings + list(sample.warnings),
         )
         results_mod.save(results, out_dir)
+        from draftfit.report import write_report
+
+        write_report(results, out_dir)
         return results, out_dir
 
     # --- steps ----------------------------------------------------------------------------------
@@ -421,8 +424,16 @@ class RankRun:
             al_high = np.maximum(ci_hi.mean_acceptance_length_high, [b for _, b in al_bounds])
             al_low = np.clip(np.nan_to_num(al_low, nan=1.0), 1.0, None)
             al_high = np.minimum(np.nan_to_num(al_high, nan=1.0), np.array(ks) + 1.0)
-            prediction = predict_costs(target_step, draft_cost, ks, np.clip(al, 1.0, np.array(ks) + 1.0),
-                                       concurrency=study.concurrency, context_len=context_len, al_low=al_low, al_high=al_high)
+            # speed depends on useful tokens per decode step over all steps (steps without a
+            # proposal included), not on vLLM's AL, which counts drafting steps only
+            per_step, fraction = decode_steps(point, out_lens)
+            scale = per_step / np.where(al > 0, al, 1.0)
+            kmax = np.array(ks) + 1.0
+            prediction = predict_costs(
+                target_step, draft_cost, ks, np.clip(per_step, 1.0, kmax), concurrency=study.concurrency,
+                context_len=context_len, al_low=np.clip(al_low * scale, 1.0, kmax), al_high=np.clip(al_high * scale, 1.0, kmax),
+                draft_fraction=fraction,
+            )
             vram = None
             if draft_shape is not None:
                 vram = vram_report(hardware, target_shape, draft_shape, target_dtype=weight_dtype, draft_dtype=weight_dtype,
@@ -444,9 +455,10 @@ class RankRun:
                     "candidate": c.name, "method": plan.method, "draft": plan.deploy_model, "k": int(k),
                     "kind": "predicted", "rule": rule, "exact": bool(walked.exact),
                     "fits": bool(vram.fits) if vram is not None else True,
-                    "al_predicted": float(prediction.al[i]), "al_ci_low": float(ci_lo.mean_acceptance_length_low[i]),
+                    "al_predicted": float(al[i]), "al_ci_low": float(ci_lo.mean_acceptance_length_low[i]),
                     "al_ci_high": float(ci_hi.mean_acceptance_length_high[i]),
                     "al_bound_low": float(al_bounds[i][0]), "al_bound_high": float(al_bounds[i][1]),
+                    "tokens_per_step_predicted": float(prediction.al[i]), "draft_step_fraction_predicted": float(fraction[i]),
                     "acceptance_rate_predicted": counts.acceptance_rate,
                     "counts_predicted": counts.to_dict(),
                     "per_position_predicted": [float(x) for x in counts.per_position_rate],
@@ -460,7 +472,7 @@ class RankRun:
                     "per_concurrency": [
                         {"concurrency": int(level), "candidate": c.name, "method": plan.method, "draft": plan.deploy_model, "k": int(k),
                          "fits": bool(vram.fits) if vram is not None else True,
-                         "al_predicted": float(prediction.al[i]), "al_ci_low": float(ci_lo.mean_acceptance_length_low[i]),
+                         "al_predicted": float(al[i]), "al_ci_low": float(ci_lo.mean_acceptance_length_low[i]),
                          "al_ci_high": float(ci_hi.mean_acceptance_length_high[i]), "al_bound_low": float(al_bounds[i][0]),
                          "al_bound_high": float(al_bounds[i][1]), "acceptance_rate_predicted": counts.acceptance_rate,
                          "itl_base_ms_predicted": 1000 * float(prediction.itl_base_s[j]),
@@ -497,6 +509,25 @@ class RankRun:
         chosen = vllm_command(target_name, spec, **common)
         baseline = vllm_command(target_name, None, **common)
         return {"kind": "predicted", "recommended": chosen.to_dict(), "baseline": baseline.to_dict()}
+
+
+def decode_steps(walked, answer_lengths) -> tuple[np.ndarray, np.ndarray]:
+    """Per k: useful tokens per decode step over all steps, and the share of steps with drafts.
+
+    After the prefill token, a prompt's ``e = n − 1`` tokens come from decode steps. ``D`` of them
+    carry drafts and accept ``A`` tokens in all; every other step emits one token, so there are
+    ``max(e − D − A, 0)`` of those (the last drafting step may accept past the stop, which vLLM
+    counts but nobody reads). Summed over prompts: tokens/step = Σe / Σsteps, fraction = ΣD / Σsteps.
+    """
+    emitted = np.maximum(np.asarray(answer_lengths, float) - 1.0, 0.0)[:, None]
+    drafts = np.asarray(walked.num_drafts, float)
+    accepted = np.asarray(walked.num_accepted_tokens, float)
+    plain = np.maximum(emitted - drafts - accepted, 0.0)
+    steps = (drafts + plain).sum(axis=0)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        per_step = np.where(steps > 0, emitted.sum() / steps, 1.0)
+        fraction = np.where(steps > 0, drafts.sum(axis=0) / steps, 0.0)
+    return per_step, fraction
 
 
 def format_table(results: results_mod.Results, *, limit: int = 20) -> str:

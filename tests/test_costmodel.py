@@ -246,3 +246,19 @@ def test_prediction_is_labelled_and_serializable():
     assert np.array(data["speedup"]).shape == (2, 5)
     assert data["break_even_best"]["k"] == "best"
     assert isinstance(MeasuredStepTime(H100_8B_PUBLISHED), StepTime)
+
+
+def test_steps_without_drafts_cost_a_plain_target_step():
+    """Prompt lookup drafts only where it finds a match: with half the steps drafting, the step time
+    is the mean of a speculative and a plain step, and the tokens per step count all steps."""
+    from draftfit.costmodel import MeasuredStepTime, ModelFreeDraftCost, predict_costs
+    from draftfit.hardware import StepProfile
+
+    step = MeasuredStepTime(StepProfile(a=0.010, b=0.001, c=0.0))
+    free = ModelFreeDraftCost("ngram", cpu_seconds_per_seq=0.0)
+    full = predict_costs(step, free, [3], [2.0], concurrency=[1], context_len=0)
+    half = predict_costs(step, free, [3], [1.5], concurrency=[1], context_len=0, draft_fraction=[0.5])
+    t_base, t_verify = 0.011, 0.010 + 0.004
+    assert full.t_spec[0, 0] == pytest.approx(t_verify)
+    assert half.t_spec[0, 0] == pytest.approx(0.5 * t_verify + 0.5 * t_base)
+    assert half.speedup[0, 0] == pytest.approx(1.5 * t_base / (0.5 * t_verify + 0.5 * t_base))

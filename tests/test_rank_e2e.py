@@ -121,3 +121,18 @@ def test_rank_option_errors(args, words, tmp_path):
     result = CliRunner().invoke(cli, ["rank", str(good), *args, "--reports-dir", str(tmp_path)])
     assert result.exit_code == 2, result.output
     assert words in result.output
+
+
+def test_decode_steps_count_steps_without_drafts():
+    import numpy as np
+
+    from draftfit.acceptance import WalkCounts
+    from draftfit.rank import decode_steps
+
+    # prompt 0: 11 tokens after the prefill one; 3 drafting steps accepted 5, so 3 plain steps
+    # prompt 1: 5 tokens; 2 drafting steps accepted 4 (one past the stop): no plain step
+    walked = WalkCounts(np.array([2]), np.array([[3.0], [2.0]]), np.array([[6.0], [4.0]]),
+                        np.array([[5.0], [4.0]]), np.zeros((2, 1, 2)))
+    per_step, fraction = decode_steps(walked, [12, 6])
+    assert per_step[0] == pytest.approx((11 + 5) / (6 + 2))
+    assert fraction[0] == pytest.approx(5 / 8)

@@ -104,7 +104,7 @@ def rank(candidate_files, study_file, reports_dir, run_id, gpu_catalog, profile_
     deploy = (results.deploy or {}).get("recommended")
     if deploy:
         click.echo(f"Deploy: {deploy.get('shell')}")
-    click.echo(f"\nwrote {out_dir / 'results.json'} and {out_dir / 'results.csv'}")
+    click.echo(f"\nwrote {out_dir / 'report.html'} (review it before choosing), {out_dir / 'results.json'} and {out_dir / 'results.csv'}")
 
 
 def _console():
