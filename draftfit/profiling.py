@@ -71,6 +71,15 @@ def _block_size(llm: Any) -> int:
         return 16
 
 
+def verify_k_values(max_k: int, points: int | None = None) -> list[int]:
+    """The k values whose verification steps are timed: all of 1..max_k, or ``points`` spread evenly."""
+    if max_k < 1:
+        return []
+    if points is None or points >= max_k:
+        return list(range(1, max_k + 1))
+    return sorted({int(round(x)) for x in np.linspace(1, max_k, max(points, 2))})
+
+
 def measure_step_profile(
     llm: Any,
     *,
@@ -78,6 +87,7 @@ def measure_step_profile(
     batch_sizes: Sequence[int] = (1, 4, 16, 32),
     context_lens: Sequence[int] = (128, 384),
     max_k: int = 5,
+    verify_points: int | None = None,
     verify_batch_sizes: Sequence[int] | None = None,
     decode_tokens: tuple[int, int] = (4, 20),
     repeats: int = 3,
@@ -85,7 +95,11 @@ def measure_step_profile(
     origin: str = "",
     progress: Callable[[str], None] | None = None,
 ) -> MeasuredProfile:
-    """Time decode and verification steps on ``llm`` (a ``vllm.LLM``) and fit the step model."""
+    """Time decode and verification steps on ``llm`` (a ``vllm.LLM``) and fit the step model.
+
+    Verification is timed for ``k = 1..max_k``, or at ``verify_points`` values of k spread evenly
+    over that range (the fit is linear in batched tokens, so the ends and the middle pin it).
+    """
     from vllm import SamplingParams, TokensPrompt
 
     started = time.perf_counter()
@@ -93,6 +107,7 @@ def measure_step_profile(
     contexts = sorted({max(block, int(round(c / block)) * block) for c in context_lens})
     batches = sorted({int(b) for b in batch_sizes})
     verify_batches = sorted(set(verify_batch_sizes or (batches[0], batches[-1])))
+    verify_ks = verify_k_values(max_k, verify_points)
     rng = np.random.default_rng(seed)
     low, high = min(1000, vocab_size // 4), vocab_size - 1
 
@@ -125,7 +140,7 @@ def measure_step_profile(
                 continue
             one_step = median_run(lambda p=prefixes: [x + tokens(1) for x in p], 1)
             call_overhead = max(one_step - decode, 0.0)
-            for k in range(1, max_k + 1):
+            for k in verify_ks:
                 if progress:
                     progress(f"verify B={batch_size} L={context} k={k}")
                 call = median_run(lambda p=prefixes, k=k: [x + tokens(k + 1) for x in p], 1)

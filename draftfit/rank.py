@@ -35,8 +35,8 @@ Progress = Callable[[str], None]
 # Engine steps timed for a measured latency profile (draftfit.profiling): batch sizes × context
 # lengths of decode steps, plus verification of k+1 tokens at the smallest and largest batch.
 PROFILE_PLANS = {
-    "standard": {"batch_sizes": (1, 8, 32), "context_lens": (128, 384), "repeats": 2},
-    "quick": {"batch_sizes": (1, 4), "context_lens": (128, 256), "repeats": 1},
+    "standard": {"batch_sizes": (1, 8, 32), "context_lens": (128, 384), "repeats": 2, "verify_points": 3},
+    "quick": {"batch_sizes": (1, 4), "context_lens": (128, 256), "repeats": 1, "verify_points": 2},
 }
 
 
@@ -115,6 +115,35 @@ def measured_profile(session: EngineSession, engine_fields: dict, plan: dict, vo
 
 
 # ---------------------------------------------------------------------------------------------
+# the prompts (verify samples the same ones)
+
+
+def study_prompts(study: StudySettings, target_meta: Path):
+    """Sample the study's prompts as `rank` does (same loader, template, seed and limits)."""
+    import warnings
+
+    from draftfit.chat_template import ChatTokenizer
+    from draftfit.prompts import DEMO_PROMPTS, PromptWarning, load_prompts, sample_prompts
+
+    source = study.prompts or str(DEMO_PROMPTS)
+    dataset = load_prompts(source, prompt_column=study.prompt_column, messages_column=study.messages_column,
+                           category_column=study.category_column)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", PromptWarning)
+        sample = sample_prompts(
+            dataset, ChatTokenizer.from_dir(target_meta), n=study.sample_size, seed=study.seed,
+            thresholds=tuple(study.length_thresholds), max_input_tokens=study.max_model_len - study.max_tokens - 1,
+            scrub=study.scrub,
+        )
+    if not sample.items:
+        raise DraftfitError(
+            f"no prompt fits in max_model_len {study.max_model_len} with max_tokens {study.max_tokens}",
+            where=source, fix="Raise --max-model-len or lower --max-tokens",
+        )
+    return sample
+
+
+# ---------------------------------------------------------------------------------------------
 # the run
 
 
@@ -142,6 +171,8 @@ class RankRun:
     profile_plan: dict = field(default_factory=lambda: dict(PROFILE_PLANS["standard"]))
     warnings: list[str] = field(default_factory=list)
     timings: dict[str, float] = field(default_factory=dict)
+    show_prompts: bool = False  # prompt text in warnings and progress lines (off: row numbers only)
+    trust_remote_code: bool = False  # let model repositories run their own code
 
     def run(self) -> tuple[results_mod.Results, Path]:
         start = time.perf_counter()
@@ -178,6 +209,7 @@ class RankRun:
             gpu_memory_utilization=study.engine_memory_utilization,
             tensor_parallel_size=1,
             seed=study.seed,
+            trust_remote_code=self.trust_remote_code,
         )
         build = default_factory(engine_config)
         engine_fields = engine_config.key_fields()
@@ -313,28 +345,7 @@ class RankRun:
         return plan
 
     def _prompts(self, target_meta: Path):
-        import warnings
-
-        from draftfit.chat_template import ChatTokenizer
-        from draftfit.prompts import DEMO_PROMPTS, PromptWarning, load_prompts, sample_prompts
-
-        study = self.study
-        source = study.prompts or str(DEMO_PROMPTS)
-        dataset = load_prompts(source, prompt_column=study.prompt_column, messages_column=study.messages_column,
-                               category_column=study.category_column)
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", PromptWarning)
-            sample = sample_prompts(
-                dataset, ChatTokenizer.from_dir(target_meta), n=study.sample_size, seed=study.seed,
-                thresholds=tuple(study.length_thresholds), max_input_tokens=study.max_model_len - study.max_tokens - 1,
-                scrub=study.scrub,
-            )
-        if not sample.items:
-            raise DraftfitError(
-                f"no prompt fits in max_model_len {study.max_model_len} with max_tokens {study.max_tokens}",
-                where=source, fix="Raise --max-model-len or lower --max-tokens",
-            )
-        return sample
+        return study_prompts(self.study, target_meta)
 
     def _score(self, trajset, draft_ref: ModelRef, engine_config, session: EngineSession):
         from draftfit.scoring import score_draft
@@ -531,7 +542,11 @@ def decode_steps(walked, answer_lengths) -> tuple[np.ndarray, np.ndarray]:
 
 
 def format_table(results: results_mod.Results, *, limit: int = 20) -> str:
-    """The ranking as plain text: rank, config, predicted AL and speedup per concurrency, VRAM, fit."""
+    """The ranking as plain text: rank, config, predicted AL and speedup per concurrency, VRAM, fit.
+
+    Once `draftfit verify` has measured a config, its row is followed by one line per verified
+    concurrency: measured AL and speedup with the relative error of the prediction.
+    """
     configs = [c for c in results.configs if c.get("rank") is not None]
     configs.sort(key=lambda c: c["rank"])
     levels = [p["concurrency"] for p in configs[0]["per_concurrency"]] if configs else []
@@ -542,7 +557,23 @@ def format_table(results: results_mod.Results, *, limit: int = 20) -> str:
         speeds = " ".join(f"{p['speedup_predicted']:>7.2f}" for p in c["per_concurrency"])
         mark = "*" if c.get("pareto") else " "
         lines.append(f"{c['rank']:>3}{mark} {c['candidate'] + ' k=' + str(c['k']):<22} {al:>15} {speeds} {c['extra_vram_gib']:>9.3f}  {'yes' if c['fits'] else 'NO'}")
+        lines.extend(_measured_lines(c))
     unranked = [c for c in results.configs if c.get("rank") is None]
     if unranked:
         lines.append(f"  ({len(unranked)} configs do not fit in memory and are not ranked)")
     return "\n".join(lines)
+
+
+def _measured_lines(config: dict) -> list[str]:
+    def err(pred, meas) -> str:
+        return f"{(pred - meas) / meas:+.0%}" if pred is not None and meas else "—"
+
+    lines = []
+    for level in config["per_concurrency"]:
+        al, speed = level.get("al_measured"), level.get("speedup_measured")
+        if al is None and speed is None:
+            continue
+        al_text = f"AL {al:.2f} (pred. err {err(config['al_predicted'], al)})" if al is not None else "AL —"
+        speed_text = (f"× {speed:.2f} (pred. err {err(level['speedup_predicted'], speed)})" if speed is not None else "× —")
+        lines.append(f"       measured @{level['concurrency']}: {al_text}, {speed_text}")
+    return lines

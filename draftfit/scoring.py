@@ -40,7 +40,7 @@ from draftfit.trajectories import (
     split_column,
 )
 
-_EXACT_VECTORS = ("draft_argmax", "p_draft_argmax", "overlap", "target_token_logprobs")
+_EXACT_VECTORS = ("draft_argmax", "p_draft_argmax", "overlap", "target_token_logprobs", "draft_token_logprobs")
 _VECTOR_DTYPES = {
     "token_logprobs": np.float32,
     "token_ranks": np.int32,
@@ -48,6 +48,7 @@ _VECTOR_DTYPES = {
     "p_draft_argmax": np.float32,
     "overlap": np.float32,
     "target_token_logprobs": np.float32,
+    "draft_token_logprobs": np.float32,
 }
 
 
@@ -101,6 +102,8 @@ def _columns(scores: Sequence[DraftScore], exact: bool) -> dict[str, Any]:
     }
     if exact:
         for name in _EXACT_VECTORS:
+            if any(getattr(s.exact, name) is None for s in scores):
+                continue
             columns[name] = list_column([getattr(s.exact, name) for s in scores], _VECTOR_DTYPES[name])
         columns["target_top_ids"] = list_column([s.exact.target_top_ids for s in scores], np.int32)
         columns["target_top_logprobs"] = list_column([s.exact.target_top_logprobs for s in scores], np.float32)
@@ -114,7 +117,7 @@ def _scores_from(table, top_k: int, exact: bool) -> list[DraftScore]:
     ranks = split_column(table, "token_ranks")
     extra: dict[str, list[np.ndarray]] = {}
     if exact:
-        extra = {name: split_column(table, name) for name in _EXACT_VECTORS}
+        extra = {name: split_column(table, name) for name in _EXACT_VECTORS if name in table.column_names}
         extra["target_top_ids"] = split_column(table, "target_top_ids", top_k)
         extra["target_top_logprobs"] = split_column(table, "target_top_logprobs", top_k)
     return [

@@ -140,7 +140,10 @@ class ExactInputs:
       (``greedy`` at temperature 0, ``greedy-draft`` above it);
     * ``overlap``: Σ_v min(p_t(v), q_t(v)) = 1 − TV(p_t, q_t) — probabilistic drafting;
     * ``target_token_logprobs``: log p_t(y_t) of the trajectory token;
-    * ``target_top_ids``/``target_top_logprobs``: the top-K of p_t, for diagnostics.
+    * ``target_top_ids``/``target_top_logprobs``: the top-K of p_t, for diagnostics;
+    * ``draft_token_logprobs``: log q_t(y_t) of the trajectory token under the same q_t — with
+      ``target_token_logprobs`` the exact conditional acceptance min(1, q_t(y_t)/p_t(y_t)) of
+      probabilistic drafting (``None`` in scores saved before it existed).
     """
 
     draft_argmax: np.ndarray  # [T] int32
@@ -149,6 +152,7 @@ class ExactInputs:
     target_token_logprobs: np.ndarray  # [T] float32
     target_top_ids: np.ndarray  # [T, K] int32
     target_top_logprobs: np.ndarray  # [T, K] float32
+    draft_token_logprobs: np.ndarray | None = None  # [T] float32
 
 
 @dataclass

@@ -272,6 +272,8 @@ class HFEngine(Engine):
         response_starts: Sequence[int],
         sampling: SamplingSpec,
         top_k: int = 20,
+        *,
+        draft_temperature: float | None = None,
     ) -> list[DraftScore]:
         """This model as the draft, ``target`` as the target: exact per-position acceptance inputs.
 
@@ -280,6 +282,10 @@ class HFEngine(Engine):
         argmax q_t, p_t(argmax q_t) and Σ min(p_t, q_t). At temperature 0 both are point masses
         (the trajectory token and the draft's argmax), so both acceptance values are
         ``argmax q_t == y_t``. The raw top-K fields are filled as by :meth:`score`.
+
+        ``draft_temperature``: the temperature of q_t when the engine to be predicted drafts at
+        another one than the sampling temperature vLLM uses (transformers' assisted generation
+        samples its assistant at T², see tests/reference_spec.py); default: vLLM's rule.
         """
         import torch
 
@@ -306,7 +312,7 @@ class HFEngine(Engine):
                 for a in range(0, len(tokens), CHUNK_POSITIONS):
                     sl = slice(a, a + CHUNK_POSITIONS)
                     part = self._draft_part(q_logits[sl], tokens[sl], top_k)
-                    part.exact = _exact_part(p_logits[sl], q_logits[sl], tokens[sl], sampling, top_k)
+                    part.exact = _exact_part(p_logits[sl], q_logits[sl], tokens[sl], sampling, top_k, draft_temperature)
                     parts.append(part)
                 scores.append(_join(parts, top_k))
                 del q_logits, p_logits
@@ -319,7 +325,9 @@ class HFEngine(Engine):
         gc.collect()
 
 
-def _exact_part(p_logits, q_logits, tokens, sampling: SamplingSpec, top_k: int) -> ExactInputs:
+def _exact_part(
+    p_logits, q_logits, tokens, sampling: SamplingSpec, top_k: int, draft_temperature: float | None = None
+) -> ExactInputs:
     import torch
 
     p_log = processed_logprobs(p_logits, sampling)
@@ -329,11 +337,14 @@ def _exact_part(p_logits, q_logits, tokens, sampling: SamplingSpec, top_k: int) 
     if sampling.greedy:
         match = (draft_argmax == tokens).float()
         p_at_argmax, overlap = match, match
+        q_log = torch.log_softmax(q_logits.double(), dim=-1)
     else:
         p = p_log.double().exp()
-        q = torch.softmax(q_logits.double() / float(sampling.temperature), dim=-1)
+        q_log = torch.log_softmax(q_logits.double() / float(draft_temperature or sampling.temperature), dim=-1)
+        q = q_log.exp()
         p_at_argmax = p.gather(-1, draft_argmax.unsqueeze(-1)).squeeze(-1)
         overlap = torch.minimum(p, q).sum(dim=-1).clamp_(0.0, 1.0)
+    draft_token_lps = q_log.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
     return ExactInputs(
         draft_argmax=draft_argmax.numpy().astype(np.int32),
         p_draft_argmax=p_at_argmax.float().numpy(),
@@ -341,6 +352,7 @@ def _exact_part(p_logits, q_logits, tokens, sampling: SamplingSpec, top_k: int) 
         target_token_logprobs=target_token_lps.float().numpy(),
         target_top_ids=target_top_ids,
         target_top_logprobs=target_top_lps.astype(np.float32),
+        draft_token_logprobs=draft_token_lps.float().numpy(),
     )
 
 

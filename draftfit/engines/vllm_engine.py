@@ -80,7 +80,7 @@ def _progress(label: str):
     return make
 
 
-def _child_pids() -> set[int]:
+def child_pids() -> set[int]:
     """Live descendants of this process, less multiprocessing's resource tracker.
 
     The tracker is a helper shared by everything in this process that uses multiprocessing; it
@@ -103,6 +103,35 @@ def _child_pids() -> set[int]:
             continue
         pids.add(child.pid)
     return pids
+
+
+def reap_processes(pids: set[int], wait_s: float = SHUTDOWN_WAIT_S) -> list[int]:
+    """Wait for these processes to exit; kill (by pid) any that outlive the wait; return survivors."""
+    import psutil
+
+    def alive(proc) -> bool:
+        try:
+            return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
+        except psutil.Error:
+            return False
+
+    procs = []
+    for pid in pids:
+        try:
+            procs.append(psutil.Process(pid))
+        except psutil.NoSuchProcess:
+            continue
+    deadline = time.monotonic() + wait_s
+    while any(alive(p) for p in procs) and time.monotonic() < deadline:
+        psutil.wait_procs([p for p in procs if alive(p)], timeout=0.5)
+    for proc in procs:
+        if alive(proc):
+            try:
+                proc.kill()
+            except psutil.Error:
+                pass
+    psutil.wait_procs(procs, timeout=10)
+    return [p.pid for p in procs if alive(p)]
 
 
 def _rows(flat_or_list, first: int, count: int, width: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -256,14 +285,14 @@ class VLLMEngine(Engine):
         kwargs.update(llm_kwargs)
         self._options = {k: v for k, v in kwargs.items() if k != "model"}
         self._version = vllm.__version__
-        before = _child_pids()
+        before = child_pids()
         with self.timed("startup"):
             try:
                 self._llm = vllm.LLM(**kwargs)
             except Exception as exc:
                 # leave nothing running behind a failed start
                 self._llm = None
-                self._pids = _child_pids() - before
+                self._pids = child_pids() - before
                 self._wait_pids()
                 first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
                 fix = "Run again with --debug for vLLM's log; check dtype, max_model_len and gpu_memory_utilization"
@@ -274,7 +303,7 @@ class VLLMEngine(Engine):
                     where=str(self.model_dir),
                     fix=fix,
                 ) from exc
-        self._pids = _child_pids() - before
+        self._pids = child_pids() - before
         self.timings[-1].seconds += import_seconds
         self.startup_seconds = self.timings[-1].seconds
 
@@ -475,33 +504,8 @@ class VLLMEngine(Engine):
 
     def _wait_pids(self) -> list[int]:
         """Wait for this engine's processes to exit; kill (by pid) any that outlive the wait."""
-        import psutil
-
-        def alive(proc) -> bool:
-            try:
-                return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
-            except psutil.Error:
-                return False
-
-        procs = []
-        for pid in self._pids:
-            try:
-                procs.append(psutil.Process(pid))
-            except psutil.NoSuchProcess:
-                continue
-        deadline = time.monotonic() + SHUTDOWN_WAIT_S
-        while any(alive(p) for p in procs) and time.monotonic() < deadline:
-            psutil.wait_procs([p for p in procs if alive(p)], timeout=0.5)
-        for proc in procs:
-            if alive(proc):
-                try:
-                    proc.kill()
-                except psutil.Error:
-                    pass
-        psutil.wait_procs(procs, timeout=10)
-        survivors = [p.pid for p in procs if alive(p)]
-        self._pids = set(survivors)
-        return survivors
+        self._pids = set(reap_processes(self._pids))
+        return sorted(self._pids)
 
     def _release(self) -> None:
         llm, self._llm = self._llm, None

@@ -1,0 +1,94 @@
+"""`draftfit verify RESULTS.json --top N`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+
+def _ints(ctx, param, value: str | None):
+    if value is None:
+        return None
+    try:
+        numbers = tuple(int(part) for part in value.replace(" ", "").split(",") if part)
+    except ValueError:
+        raise click.BadParameter(f"{value!r}: give whole numbers separated by commas, e.g. 1,4,8") from None
+    if not numbers or min(numbers) < 1:
+        raise click.BadParameter(f"{value!r}: give whole numbers ≥ 1 separated by commas, e.g. 1,4,8")
+    return numbers
+
+
+@click.command("verify")
+@click.argument("results_file", type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--top", type=click.IntRange(min=1), help="Verify the first N configurations of the ranking. Default 3 when nothing else is chosen.")
+@click.option("--config", "configs", multiple=True, metavar="NAME:K",
+              help="Verify candidate NAME (from the results) with k=K. Repeatable.")
+@click.option("--candidate", "candidate_files", multiple=True, type=click.Path(dir_okay=False, path_type=Path),
+              help="Verify a candidate file (same target), e.g. a method `rank` cannot score. Repeatable.")
+@click.option("--k", "ks", callback=_ints, help="k values for --candidate files, e.g. 2,4. Default: each file's own k list.")
+@click.option("--concurrency", callback=_ints, help="Concurrency levels, e.g. 1,4,8. Default: the study's levels.")
+@click.option("--requests", type=click.IntRange(min=1), help="Requests per run (prompts are reused in order). Default: one per sampled prompt.")
+@click.option("--timeout", "timeout_s", type=click.FloatRange(min=1), default=900.0, show_default=True,
+              help="Seconds per (configuration, concurrency) run; unfinished requests are aborted and counted as errors.")
+@click.option("--gpu-memory-utilization", type=click.FloatRange(min=0, min_open=True, max=1),
+              help="Memory fraction of the engines started here. Default: the study's engine memory fraction.")
+@click.option("--dry-run", is_flag=True, help="Print what would run (configurations and vLLM speculative configs) and exit.")
+@click.pass_context
+def verify(ctx, results_file, top, configs, candidate_files, ks, concurrency, requests, timeout_s, gpu_memory_utilization, dry_run) -> None:
+    """Measure real vLLM runs against the predictions in RESULTS_FILE.
+
+    Runs vLLM without speculation (the baseline) and with each chosen (candidate, k) on the
+    prompts and sampling parameters `rank` used, at each concurrency level, with the requests
+    streamed concurrently. Records TTFT, ITL and end-to-end latency (p50/p95/p99), output tok/s,
+    vLLM's own spec-decode counters (AL, acceptance rate, per position), errors and peak memory
+    under `measured` in RESULTS_FILE (each entry beside its prediction and the error of it), flags
+    every level where a configuration is slower than the baseline or has a worse p95/p99 ITL,
+    and reports acceptance the prediction cannot explain as a suspected engine fault.
+
+    \b
+    Examples:
+      draftfit verify reports/RUN/results.json --top 3 --concurrency 1,4,8
+      draftfit verify reports/RUN/results.json --config ngram-2-4:3
+      draftfit verify reports/RUN/results.json --candidate candidates/eagle.yaml --k 3
+    """
+    from draftfit.verify import VerifyRun, describe_plan, format_summary, verify_summary
+
+    root = ctx.find_root()
+    debug = bool((root.obj or {}).get("debug"))
+    console = _console()
+    run = VerifyRun(results_file, top=top, configs=configs, candidate_files=candidate_files, ks=ks,
+                    concurrency=concurrency, requests=requests, timeout_s=timeout_s,
+                    gpu_memory_utilization=gpu_memory_utilization, argv=ctx.meta.get("draftfit.argv"), debug=debug)
+    if dry_run:
+        _, _, _, _, planned, levels = run.plan()
+        click.echo(describe_plan(planned, levels, requests))
+        return
+    with console.status("starting") as status:
+        def progress(message: str) -> None:
+            status.update(message)
+            console.log(message)
+
+        run.progress = progress
+        results, new = run.run()
+    click.echo("")
+    click.echo("Predicted vs measured (err = (predicted − measured) / measured; × = speedup vs. the measured baseline; "
+               "ITL = time per output token)")
+    verify_id = new[0]["verify_id"] if new else None
+    click.echo(format_summary(results.measured, verify_id))
+    summary = verify_summary([e for e in results.measured if e.get("verify_id") == verify_id])
+    if summary["flagged"]:
+        click.echo("")
+        click.echo("Roll-out flags:")
+        for item in summary["flagged"]:
+            name = "baseline" if item["candidate"] is None else f"{item['candidate']} k={item['k']}"
+            click.echo(f"  {name} at concurrency {item['concurrency']}: {', '.join(item['flags'])}")
+    click.echo(f"\nwrote measured values into {results_file} and {results_file.with_suffix('.csv')}")
+    if run.report_path is not None:
+        click.echo(f"report: {run.report_path}")
+
+
+def _console():
+    from rich.console import Console
+
+    return Console(stderr=True)

