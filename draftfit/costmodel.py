@@ -4,8 +4,21 @@ For ``B`` concurrent sequences with mean cached context ``L`` and a draft propos
 
     T_base(B)    = T_target(B tokens, B·L KV tokens)
     T_spec(k, B) = T_draft(k, B) + T_target(B·(k+1) tokens, B·L KV tokens) + spec overhead
-    ITL          = T / AL            speedup = AL · T_base / T_spec
-    tok/s        = AL / T_spec per sequence, B · AL / T_spec in aggregate
+    ITL_base     = T_base + I_base           ITL_spec = T_spec / AL + I_spec
+    speedup      = ITL_base / ITL_spec
+    tok/s        = 1 / ITL per sequence, B / ITL in aggregate
+
+``I`` is the prefill interference per output token: with ``B`` requests in flight each one lives
+through the prefills of about ``B − 1`` others (a served request leaves, a new one arrives), and
+a prefill of ``P`` prompt tokens rides in a decode step, stalling every sequence in it by its
+marginal cost. Over a response of ``N`` tokens::
+
+    I_base = (B − 1) / N · [T_target(B + P, B·L + P) − T_target(B, B·L)]
+    I_spec = (B − 1) / N · [T_target(B·(k+1) + P, …) − T_target(B·(k+1), …) + the draft's own
+             prefill of the same prompt (a draft model's first pass takes every scheduled token)]
+
+It is zero at B = 1 and grows with B; speculation shortens the decode part of ITL only, so the
+interference pulls the speedup toward (or below) 1 as concurrency rises.
 
 Step times come from one of two sources behind :class:`StepTime`: a roofline of a catalog GPU
 (:class:`RooflineStepTime`, ``source="roofline:<GPU>"``) or a fitted profile of the machine at
@@ -151,6 +164,8 @@ class DraftCost(Protocol):
 
     def off_time(self, batch: np.ndarray, context_len: float) -> np.ndarray: ...
 
+    def prefill_time(self, ks: np.ndarray, batch: np.ndarray, context_len: float, prompt_len: float) -> np.ndarray: ...
+
     def to_dict(self) -> dict[str, Any]: ...
 
 
@@ -186,6 +201,14 @@ class ModelDraftCost:
         b = np.asarray(batch, float)
         return self.step.step_time(b, b * context_len)
 
+    def prefill_time(self, ks: np.ndarray, batch: np.ndarray, context_len: float, prompt_len: float) -> np.ndarray:
+        """``[k, B]``: what one new prompt of ``prompt_len`` tokens adds to the draft's first pass."""
+        k = np.asarray(ks, float)[:, None]
+        b = np.asarray(batch, float)[None, :]
+        first = b * (k + 1) if self.padded_first_pass else b + 0 * k
+        kv = b * context_len + 0 * k
+        return self.step.step_time(first + prompt_len, kv + prompt_len) - self.step.step_time(first, kv)
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "kind": "draft-model",
@@ -215,6 +238,9 @@ class ModelFreeDraftCost:
 
     def off_time(self, batch: np.ndarray, context_len: float) -> np.ndarray:
         return np.zeros(len(batch))
+
+    def prefill_time(self, ks: np.ndarray, batch: np.ndarray, context_len: float, prompt_len: float) -> np.ndarray:
+        return np.zeros((len(np.atleast_1d(ks)), len(batch)))
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -278,30 +304,43 @@ class CostPrediction:
     kind: str = "predicted"
     target_model: dict[str, Any] = field(default_factory=dict)
     draft_model: dict[str, Any] = field(default_factory=dict)
+    prompt_len: float = 0.0
+    output_len: float | None = None
+    i_base: np.ndarray | None = None  # [B] prefill interference per output token, baseline
+    i_spec: np.ndarray | None = None  # [k, B] the same with speculation (target + draft prefill)
+
+    def _interference(self) -> tuple[np.ndarray, np.ndarray]:
+        zero = np.zeros(self.concurrency.shape)
+        base = zero if self.i_base is None else self.i_base
+        spec = np.zeros(self.t_spec.shape) if self.i_spec is None else self.i_spec
+        return base, spec
+
+    def _itl_spec(self, al: np.ndarray) -> np.ndarray:
+        return self.t_spec / al[:, None] + self._interference()[1]
 
     @property
     def speedup(self) -> np.ndarray:
-        return self.al[:, None] * self.t_base[None, :] / self.t_spec
+        return self.itl_base_s[None, :] / self._itl_spec(self.al)
 
     @property
     def speedup_low(self) -> np.ndarray:
-        return self.al_low[:, None] * self.t_base[None, :] / self.t_spec
+        return self.itl_base_s[None, :] / self._itl_spec(self.al_low)
 
     @property
     def speedup_high(self) -> np.ndarray:
-        return self.al_high[:, None] * self.t_base[None, :] / self.t_spec
+        return self.itl_base_s[None, :] / self._itl_spec(self.al_high)
 
     @property
     def itl_base_s(self) -> np.ndarray:
-        return self.t_base
+        return self.t_base + self._interference()[0]
 
     @property
     def itl_spec_s(self) -> np.ndarray:
-        return self.t_spec / self.al[:, None]
+        return self._itl_spec(self.al)
 
     @property
     def tok_s_per_seq(self) -> np.ndarray:
-        return self.al[:, None] / self.t_spec
+        return 1.0 / self.itl_spec_s
 
     @property
     def tok_s_aggregate(self) -> np.ndarray:
@@ -309,16 +348,17 @@ class CostPrediction:
 
     @property
     def base_tok_s_per_seq(self) -> np.ndarray:
-        return 1.0 / self.t_base
+        return 1.0 / self.itl_base_s
 
     @property
     def base_tok_s_aggregate(self) -> np.ndarray:
-        return self.concurrency / self.t_base
+        return self.concurrency / self.itl_base_s
 
     @property
     def off_speedup(self) -> np.ndarray:
         """Speedup (< 1 for draft models) while a per-batch-size schedule has k = 0."""
-        return self.t_base / (self.t_base + self.t_off)
+        base = self.itl_base_s
+        return base / (base + self.t_off)
 
     def index_of_k(self, k: int) -> int:
         hits = np.flatnonzero(self.ks == k)
@@ -340,6 +380,10 @@ class CostPrediction:
             "concurrency": self.concurrency.astype(int).tolist(),
             "context_len": self.context_len,
             "spec_overhead_s": self.spec_overhead_s,
+            "prompt_len": self.prompt_len,
+            "output_len": self.output_len,
+            "interference_base_s": arr(self._interference()[0]),
+            "interference_spec_s": arr(self._interference()[1]),
             "al": arr(self.al),
             "al_low": arr(self.al_low),
             "al_high": arr(self.al_high),
@@ -397,6 +441,8 @@ def predict_costs(
     draft_fraction: Sequence[float] | None = None,
     target_model: dict[str, Any] | None = None,
     draft_model: dict[str, Any] | None = None,
+    prompt_len: float = 0.0,
+    output_len: float | None = None,
 ) -> CostPrediction:
     """Predict step times, ITL, tok/s and speedup for every ``k`` × concurrency level.
 
@@ -408,6 +454,9 @@ def predict_costs(
     A model draft proposes at every step; prompt lookup proposes only where it finds a match, and
     a step without a proposal costs a plain target step. ``al`` is then the tokens per decode
     step over *all* steps, and the step time is ``f·T_spec + (1 − f)·T_base``.
+
+    ``prompt_len`` / ``output_len``: mean prompt and response lengths in tokens, for the prefill
+    interference of the module doc (none when ``output_len`` is not given).
     """
     k_arr = np.asarray(ks, int)
     al_arr = np.asarray(al, float)
@@ -454,11 +503,25 @@ def predict_costs(
         t_spec = frac[:, None] * (t_draft + t_verify + spec_overhead_s) + (1.0 - frac[:, None]) * t_base[None, :]
         return t_base, t_draft, t_verify, t_spec
 
+    def interference(batch: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        b = batch.astype(float)
+        if not output_len or prompt_len <= 0:
+            return np.zeros(b.shape), np.zeros((k_arr.size, b.size))
+        kv = b * context_len
+        share = np.maximum(b - 1.0, 0.0) / float(output_len)
+        base = target.step_time(b + prompt_len, kv + prompt_len) - target.step_time(b, kv)
+        verify = b[None, :] * (k_arr[:, None] + 1)
+        spec = (target.step_time(verify + prompt_len, kv[None, :] + prompt_len) - target.step_time(verify, kv[None, :])
+                + draft.prefill_time(k_arr, b, context_len, prompt_len))
+        return share * np.asarray(base, float), share[None, :] * np.asarray(spec, float)
+
     t_base, t_draft, t_verify, t_spec = parts(levels)
+    i_base, i_spec = interference(levels)
 
     def speedup_rows(batch: np.ndarray) -> np.ndarray:
         tb, _, _, ts = parts(batch)
-        return al_arr[:, None] * tb[None, :] / ts
+        ib, ispec = interference(batch)
+        return (tb + ib)[None, :] / (ts / al_arr[:, None] + ispec)
 
     per_k = tuple(
         _find_break_even(levels, lambda b, i=i: speedup_rows(b)[i], int(k_arr[i]))
@@ -484,6 +547,10 @@ def predict_costs(
         break_even_best=best,
         target_model=target_model or target.to_dict(),
         draft_model=draft_model or draft.to_dict(),
+        prompt_len=float(prompt_len),
+        output_len=None if output_len is None else float(output_len),
+        i_base=i_base,
+        i_spec=i_spec,
     )
 
 

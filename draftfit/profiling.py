@@ -3,8 +3,8 @@
 
 Two kinds of timing, both on a live vLLM ``LLM``:
 
-* **decode steps** (1 new token per sequence): ``B`` sequences whose prompts of ``L`` tokens are
-  already in the prefix cache generate ``M1`` and then ``M2`` tokens; the difference of the two wall
+* **decode steps** (1 new token per sequence): ``B`` sequences whose prompts are ``L`` tokens
+  already in the prefix cache plus one new token generate ``M1`` and then ``M2`` tokens; the difference of the two wall
   times divided by ``M2 − M1`` is one steady-state decode step — prefill, request admission and
   output processing cancel out;
 * **verification steps** (``m = k+1`` new tokens per sequence, the shape of a speculative step):
@@ -131,11 +131,14 @@ def measure_step_profile(
             if progress:
                 progress(f"decode B={batch_size} L={context}")
             prefixes = [tokens(context) for _ in range(batch_size)]
+            # decode runs send one token past the cached blocks: a prompt of whole blocks only would
+            # recompute its last block (vLLM always computes at least one prompt token)
+            tails = [x + tokens(1) for x in prefixes]
             run(prefixes, 1)  # fill the prefix cache
-            t1 = median_run(lambda p=prefixes: p, m1)
-            t2 = median_run(lambda p=prefixes: p, m2)
+            t1 = median_run(lambda p=tails: p, m1)
+            t2 = median_run(lambda p=tails: p, m2)
             decode = max((t2 - t1) / (m2 - m1), 1e-6)
-            steps.append(TimedStep("decode", batch_size, 1, context + (m1 + m2) / 2, decode))
+            steps.append(TimedStep("decode", batch_size, 1, context + 1 + (m1 + m2) / 2, decode))
             if batch_size not in verify_batches or context != contexts[0]:
                 continue
             one_step = median_run(lambda p=prefixes: [x + tokens(1) for x in p], 1)

@@ -443,7 +443,7 @@ class RankRun:
             prediction = predict_costs(
                 target_step, draft_cost, ks, np.clip(per_step, 1.0, kmax), concurrency=study.concurrency,
                 context_len=context_len, al_low=np.clip(al_low * scale, 1.0, kmax), al_high=np.clip(al_high * scale, 1.0, kmax),
-                draft_fraction=fraction,
+                draft_fraction=fraction, prompt_len=float(np.mean(prompt_lens)), output_len=float(np.mean(out_lens)),
             )
             vram = None
             if draft_shape is not None:
@@ -488,6 +488,8 @@ class RankRun:
                          "al_bound_high": float(al_bounds[i][1]), "acceptance_rate_predicted": counts.acceptance_rate,
                          "itl_base_ms_predicted": 1000 * float(prediction.itl_base_s[j]),
                          "itl_spec_ms_predicted": 1000 * float(prediction.itl_spec_s[i, j]),
+                         "prefill_stall_base_ms_predicted": 1000 * float(prediction.i_base[j]),
+                         "prefill_stall_spec_ms_predicted": 1000 * float(prediction.i_spec[i, j]),
                          "speedup_predicted": float(prediction.speedup[i, j]),
                          "speedup_ci_low": float(prediction.speedup_low[i, j]), "speedup_ci_high": float(prediction.speedup_high[i, j]),
                          "tok_s_per_seq_predicted": float(prediction.tok_s_per_seq[i, j]),

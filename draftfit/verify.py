@@ -720,13 +720,32 @@ class EngineRun:
     error: str | None = None
 
 
+def stagger_tokens(index: int, concurrency: int, max_tokens: int) -> int:
+    """Output tokens the run must have produced before request ``index`` of the first wave starts."""
+    return 0 if index >= concurrency else (index * int(max_tokens)) // int(concurrency)
+
+
 async def _load(engine, plan: RunPlan, concurrency: int, tag: str) -> list[RequestRecord]:
-    """``plan.requests`` streaming requests, at most ``concurrency`` in flight, bounded by ``plan.timeout_s``."""
+    """``plan.requests`` streaming requests, at most ``concurrency`` in flight, bounded by ``plan.timeout_s``.
+
+    The first wave is staggered: its j-th request starts once the run has produced
+    ``j · max_tokens / concurrency`` tokens, so requests are spread over their lifetimes as in a
+    live service and each new prompt arrives while the others decode. Started together, equal
+    responses would advance in lock-step without speculation — every prefill then lands in a step
+    where nobody decodes — while speculative runs drift apart and pay for every arrival: a
+    comparison biased toward the baseline at concurrency > 1.
+    """
     semaphore = asyncio.Semaphore(concurrency)
     n_prompts = len(plan.prompts)
     records = [RequestRecord(j, j % n_prompts) for j in range(plan.requests)]
+    produced = {"tokens": 0}
+    progress = asyncio.Condition()
 
     async def one(record: RequestRecord) -> None:
+        needed = stagger_tokens(record.index, concurrency, plan.max_tokens)
+        if needed:
+            async with progress:
+                await progress.wait_for(lambda: produced["tokens"] >= needed or all(r.end is not None for r in records[: record.index]))
         async with semaphore:
             params = plan.params(record.prompt_index)
             prompt = {"prompt_token_ids": list(map(int, plan.prompts[record.prompt_index]))}
@@ -738,6 +757,9 @@ async def _load(engine, plan: RunPlan, concurrency: int, tag: str) -> list[Reque
                     if completion.token_ids:
                         record.chunk_times.append(now)
                         record.chunk_tokens.append(len(completion.token_ids))
+                        async with progress:
+                            produced["tokens"] += len(completion.token_ids)
+                            progress.notify_all()
                     if out.finished:
                         record.finish_reason = str(completion.finish_reason)
             except asyncio.CancelledError:
@@ -747,6 +769,8 @@ async def _load(engine, plan: RunPlan, concurrency: int, tag: str) -> list[Reque
                 record.error = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"
             finally:
                 record.end = time.perf_counter()
+                async with progress:
+                    progress.notify_all()
 
     tasks = [asyncio.create_task(one(r)) for r in records]
     try:

@@ -262,3 +262,32 @@ def test_steps_without_drafts_cost_a_plain_target_step():
     assert full.t_spec[0, 0] == pytest.approx(t_verify)
     assert half.t_spec[0, 0] == pytest.approx(0.5 * t_verify + 0.5 * t_base)
     assert half.speedup[0, 0] == pytest.approx(1.5 * t_base / (0.5 * t_verify + 0.5 * t_base))
+
+
+def test_prefill_interference_by_hand():
+    # target: 10 ms + 0.1 ms per batched token + 1 µs per cached token; draft: a tenth of that
+    target = MeasuredStepTime(StepProfile(a=0.010, b=1e-4, c=1e-6))
+    draft = ModelDraftCost(MeasuredStepTime(StepProfile(a=0.001, b=1e-5, c=1e-7)))
+    p = predict_costs(target, draft, [2], [2.5], concurrency=[1, 4], context_len=100.0, prompt_len=300.0, output_len=50.0)
+    # B = 1: nobody else arrives while a request lives
+    assert p.i_base[0] == 0.0 and p.i_spec[0, 0] == 0.0
+    # B = 4: three prefills of 300 tokens per 50 output tokens; linear profiles: marginal = P·(b + c)
+    stall_target = 300 * (1e-4 + 1e-6)
+    stall_draft = 300 * (1e-5 + 1e-7)
+    assert p.i_base[1] == pytest.approx(3 / 50 * stall_target)
+    assert p.i_spec[0, 1] == pytest.approx(3 / 50 * (stall_target + stall_draft))
+    t_base = 0.010 + 4e-4 + 4e-4
+    assert p.itl_base_s[1] == pytest.approx(t_base + 3 / 50 * stall_target)
+    assert p.speedup[0, 1] == pytest.approx(p.itl_base_s[1] / (p.t_spec[0, 1] / 2.5 + p.i_spec[0, 1]))
+    # the stall is paid per token with or without speculation, so it pulls the speedup toward 1
+    plain = predict_costs(target, draft, [2], [2.5], concurrency=[1, 4], context_len=100.0)
+    assert plain.speedup[0, 0] == pytest.approx(p.speedup[0, 0])
+    assert 1.0 < p.speedup[0, 1] < plain.speedup[0, 1]
+    assert p.to_dict()["interference_spec_s"][0][1] == pytest.approx(p.i_spec[0, 1])
+
+
+def test_prompt_lookup_pays_no_draft_prefill():
+    target = MeasuredStepTime(StepProfile(a=0.010, b=1e-4, c=0.0))
+    p = predict_costs(target, ModelFreeDraftCost("ngram", cpu_seconds_per_seq=0.0), [3], [2.0], concurrency=[8],
+                      context_len=0.0, prompt_len=500.0, output_len=100.0)
+    assert p.i_spec[0, 0] == pytest.approx(p.i_base[0]) == pytest.approx(7 / 100 * 500 * 1e-4)

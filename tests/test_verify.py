@@ -34,6 +34,7 @@ from draftfit.verify import (
     relative_error,
     rollout_flags,
     select_configs,
+    stagger_tokens,
 )
 
 REPO = Path(__file__).resolve().parents[1]
@@ -353,6 +354,28 @@ def test_requests_cycle_over_the_prompts():
     records = asyncio.run(_load(engine, plan, 1, "t"))
     assert [r.prompt_index for r in records] == [0, 1, 0, 1, 0]
     assert engine.max_in_flight == 1
+
+
+@pytest.mark.parametrize(
+    "index, concurrency, max_tokens, needed",
+    [(0, 4, 48, 0), (1, 4, 48, 12), (3, 4, 48, 36), (4, 4, 48, 0), (9, 4, 48, 0), (1, 3, 10, 3), (2, 3, 10, 6), (0, 1, 48, 0)],
+)
+def test_first_wave_is_staggered_over_a_response(index, concurrency, max_tokens, needed):
+    assert stagger_tokens(index, concurrency, max_tokens) == needed
+
+
+def test_staggered_starts_spread_the_first_wave():
+    engine = StandInEngine(tokens=8)
+    plan = StandInPlan([[0], [1], [2], [4]], 0.0, 1.0, 8, 0, (4,), requests=8, timeout_s=30.0)
+    records = asyncio.run(_load(engine, plan, 4, "t"))
+    first = [r for r in records if r.index < 4]
+    # request j starts once the run has produced 2·j tokens (one token per streamed output here)
+    for j, r in enumerate(first):
+        produced_before = sum(t <= r.start for other in records for t in other.chunk_times)
+        assert produced_before >= 2 * j
+    assert first[0].start < first[1].start < first[2].start < first[3].start
+    assert all(r.tokens == 8 and r.error is None for r in records)
+    assert engine.max_in_flight == 4
 
 
 # ---------------------------------------------------------------------------------------------
