@@ -18,6 +18,7 @@ built-in defaults < a study file (``--study FILE``, or the ``study:`` block of a
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Literal
 
@@ -158,14 +159,20 @@ class Candidate(_Strict):
 
 
 def _format_validation(error: ValidationError) -> str:
+    """Pydantic's errors as ``field.path: problem; ...`` on one line (odd keys are quoted)."""
     parts = []
     for item in error.errors():
-        where = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in item["loc"]).lstrip(".")
+        where = "".join(f"[{p}]" if isinstance(p, int) else f".{_key(p)}" for p in item["loc"]).lstrip(".")
         message = item["msg"].removeprefix("Value error, ")
         if item["type"] == "extra_forbidden":
             message = "unknown key"
         parts.append(f"{where}: {message}" if where else message)
-    return "; ".join(parts)
+    return " ".join("; ".join(parts).splitlines())
+
+
+def _key(part: object) -> str:
+    text = str(part)
+    return text if re.fullmatch(r"[\w\-]+", text) else repr(text)
 
 
 def _read_yaml(path: Path) -> object:
@@ -249,3 +256,36 @@ def build_study(*, study_file: str | Path | None, from_candidates: dict, overrid
         return StudySettings.model_validate(merged)
     except ValidationError as exc:
         raise DraftfitError(_format_validation(exc), where=where, fix="See `draftfit rank --help`") from exc
+
+
+def check_inputs(
+    candidates: list[Candidate],
+    study: StudySettings,
+    *,
+    gpu_catalog: str | Path | None = None,
+    trust_remote_code: bool = False,
+) -> None:
+    """Fail on bad input before any model loads: the GPU, every model reference, the prompts.
+
+    Checks that ``study.gpu`` is in the catalog; that every target and draft ``model`` resolves
+    and, for a local directory, holds config.json, tokenizer files and weights (a tokenizer-only
+    directory can be `check`ed but not ranked); and that the prompts file loads. GGUF files and hub
+    ids are converted or fetched later, by the step that needs them. Raises DraftfitError.
+    """
+    from draftfit.prompts import DEMO_PROMPTS, load_prompts
+    from draftfit.refs import metadata_dir, model_dir, resolve
+
+    if study.gpu:
+        from draftfit.hardware import load_catalog, parse_hardware
+
+        parse_hardware(f"{study.gpu_count}x {study.gpu}", catalog=load_catalog(gpu_catalog),
+                       tensor_parallel_size=study.tensor_parallel_size)
+    specs = {c.target for c in candidates}
+    specs |= {c.draft.model for c in candidates if c.draft.method == "draft_model" and c.draft.model}
+    for spec in sorted(specs):
+        ref = resolve(spec)
+        if ref.kind == "dir":
+            metadata_dir(ref, trust_remote_code=trust_remote_code)
+            model_dir(ref, trust_remote_code=trust_remote_code)
+    load_prompts(study.prompts or DEMO_PROMPTS, prompt_column=study.prompt_column,
+                 messages_column=study.messages_column, category_column=study.category_column)

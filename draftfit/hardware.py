@@ -103,7 +103,7 @@ def _pydantic_where(exc: ValidationError) -> tuple[str, str]:
     loc = ""
     for part in err["loc"]:
         loc += f"[{part}]" if isinstance(part, int) else (f".{part}" if loc else str(part))
-    return loc or "(top level)", err["msg"]
+    return " ".join((loc or "(top level)").split()), " ".join(err["msg"].split())  # one line
 
 
 def _read_catalog_file(text: str, origin: str) -> list[GPU]:

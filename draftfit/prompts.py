@@ -35,19 +35,21 @@ Sampling (:func:`sample_prompts`)
        seeded shuffle. If ``n`` exceeds the eligible rows, a :class:`PromptWarning` is issued and
        all of them are taken — a short log is still worth measuring.
 
-Row ids, never prompt text, appear in errors, warnings and logs.
+Row ids and a short hash (:func:`prompt_digest`), never prompt text, appear in errors, warnings
+and logs; ``sample_prompts(show_prompts=True)`` adds the start of the text of dropped rows. JSONL
+and CSV files are read a line at a time; one line may hold at most :data:`MAX_RECORD_BYTES`.
 """
 
 from __future__ import annotations
 
 import csv
 import hashlib
-import io
+import itertools
 import json
 import logging
 import warnings
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
@@ -71,6 +73,10 @@ UNCATEGORIZED = "uncategorized"
 JSON_SUFFIXES = {".jsonl", ".ndjson", ".json"}
 CSV_SUFFIXES = {".csv"}
 PARQUET_SUFFIXES = {".parquet", ".pq"}
+# One JSONL line or CSV line may hold at most this many bytes: 16 MiB is millions of tokens, more
+# than any context window, and bounds what is held in memory while a file is read line by line.
+MAX_RECORD_BYTES = 16 * 2**20
+MAX_JSON_ARRAY_BYTES = 256 * 2**20  # a .json array is parsed whole; bigger files should be JSONL
 MAX_LISTED_PROBLEMS = 5
 # The shipped demo set: ~320 service-style prompts (chat, code, summarize, extract, rewrite; about
 # 28% Korean) that the demo candidates run on.
@@ -138,7 +144,9 @@ def load_prompts(
     has_prompt = prompt_column in columns
     has_messages = messages_column in columns
     if not has_prompt and not has_messages:
-        found = ", ".join(f"'{c}'" for c in columns) or "none"
+        found = ", ".join(repr(str(c)) for c in columns[:20]) or "none"
+        if len(columns) > 20:
+            found += f" and {len(columns) - 20} more"
         raise DraftfitError(
             f"no '{prompt_column}' or '{messages_column}' column (columns: {found})",
             fix="Name the text column with --prompt-column or the chat column with --messages-column",
@@ -211,16 +219,69 @@ def load_prompts(
     return dataset
 
 
+def _check_not_binary(path: Path, kind: str) -> None:
+    """Refuse a binary (or UTF-16) file by its first bytes, before parsing it as text."""
+    with path.open("rb") as handle:
+        head = handle.read(8192)
+    if b"\0" in head:
+        raise DraftfitError(
+            f"is a binary file (NUL bytes), not {kind} text",
+            fix="Pass prompts as UTF-8 JSONL, CSV or Parquet",
+            where=str(path),
+        )
+
+
+def _physical_lines(path: Path) -> Iterator[tuple[int, bytes]]:
+    """(line number, raw line with its ending) of a text file, one line in memory at a time.
+
+    A line longer than :data:`MAX_RECORD_BYTES` is refused as soon as the limit is reached, so
+    a file that is one huge line is never read whole.
+    """
+    with path.open("rb") as handle:
+        for lineno in itertools.count(1):
+            line = handle.readline(MAX_RECORD_BYTES + 2)
+            if not line:
+                return
+            if lineno == 1 and line.startswith(b"\xef\xbb\xbf"):
+                line = line[3:]
+            if len(line.rstrip(b"\r\n")) > MAX_RECORD_BYTES:
+                raise DraftfitError(
+                    f"line {lineno}: longer than {MAX_RECORD_BYTES // 2**20} MiB, the limit per prompt record",
+                    fix=f"Each JSONL line or CSV row may hold at most {MAX_RECORD_BYTES // 2**20} MiB "
+                    "(more than any model's context); remove or shorten that line",
+                    where=str(path),
+                )
+            yield lineno, line
+
+
+def _first_byte(path: Path) -> bytes:
+    """The first non-whitespace byte of a file (after a UTF-8 byte order mark)."""
+    with path.open("rb") as handle:
+        head = handle.read(8192)
+        if head.startswith(b"\xef\xbb\xbf"):
+            head = head[3:]
+        while head and not head.strip():
+            head = handle.read(8192)
+    return head.lstrip()[:1]
+
+
 def _read_json(path: Path) -> tuple[list[str], list[_Record]]:
-    raw = path.read_bytes()
-    if raw.startswith(b"\xef\xbb\xbf"):
-        raw = raw[3:]
-    if raw.lstrip()[:1] == b"[":
-        return _read_json_array(path, raw)
+    _check_not_binary(path, "JSON")
+    if _first_byte(path) == b"[":
+        size = path.stat().st_size
+        if size > MAX_JSON_ARRAY_BYTES:
+            raise DraftfitError(
+                f"a JSON array of {size / 2**20:.0f} MiB (the limit for one JSON document is "
+                f"{MAX_JSON_ARRAY_BYTES // 2**20} MiB)",
+                fix="Write one JSON object per line (JSONL); lines are read one at a time",
+                where=str(path),
+            )
+        raw = path.read_bytes()
+        return _read_json_array(path, raw[3:] if raw.startswith(b"\xef\xbb\xbf") else raw)
     records: list[_Record] = []
     columns: dict[str, None] = {}
     problems: list[str] = []
-    for lineno, line in enumerate(raw.split(b"\n"), start=1):
+    for lineno, line in _physical_lines(path):
         if not line.strip():
             continue
         row = len(records) + len(problems)
@@ -233,6 +294,9 @@ def _read_json(path: Path) -> tuple[list[str], list[_Record]]:
             obj = json.loads(text)
         except json.JSONDecodeError as exc:
             problems.append(f"line {lineno}: not valid JSON ({exc.msg} at column {exc.colno})")
+            continue
+        except RecursionError:
+            problems.append(f"line {lineno}: not valid JSON (nested too deeply)")
             continue
         if not isinstance(obj, dict):
             problems.append(f"line {lineno}: expected a JSON object, got {_json_type(obj)}")
@@ -254,6 +318,9 @@ def _read_json_array(path: Path, raw: bytes) -> tuple[list[str], list[_Record]]:
         raise DraftfitError(f"not valid JSON at line {exc.lineno} ({exc.msg})",
                             fix="Fix the file or write one JSON object per line (JSONL)",
                             where=str(path)) from exc
+    except RecursionError as exc:
+        raise DraftfitError("not valid JSON (nested too deeply)",
+                            fix="Write one JSON object per line (JSONL)", where=str(path)) from exc
     if not isinstance(data, list):
         raise DraftfitError("expected a list of objects or JSON lines", fix="Write JSONL",
                             where=str(path))
@@ -270,26 +337,35 @@ def _read_json_array(path: Path, raw: bytes) -> tuple[list[str], list[_Record]]:
     return list(columns), records
 
 
+def _decoded_lines(path: Path) -> Iterator[str]:
+    for lineno, line in _physical_lines(path):
+        try:
+            yield line.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise DraftfitError(f"line {lineno}: not UTF-8 (byte {exc.start + 1})",
+                                fix="Re-encode the file as UTF-8", where=str(path)) from exc
+
+
 def _read_csv(path: Path) -> tuple[list[str], list[_Record]]:
-    raw = path.read_bytes()
-    try:
-        text = raw.decode("utf-8-sig")
-    except UnicodeDecodeError as exc:
-        line = raw[: exc.start].count(b"\n") + 1
-        raise DraftfitError(f"line {line}: not UTF-8 (byte {exc.start + 1})",
-                            fix="Re-encode the file as UTF-8", where=str(path)) from exc
-    reader = csv.DictReader(io.StringIO(text, newline=""))
+    _check_not_binary(path, "CSV")
+    reader = csv.DictReader(_decoded_lines(path))
     records: list[_Record] = []
+    limit = csv.field_size_limit()
+    csv.field_size_limit(MAX_RECORD_BYTES)  # the default (128 KiB) refuses long prompts
     try:
         columns = list(reader.fieldnames or [])
         start = reader.line_num + 1
         for row, fields in enumerate(reader):
             where = f"line {start} (row {row})" if start == reader.line_num else f"lines {start}-{reader.line_num} (row {row})"
+            if None in fields:  # more cells than the header names
+                fields = {k: v for k, v in fields.items() if k is not None}
             records.append(_Record(row=row, where=where, fields=fields))
             start = reader.line_num + 1
     except csv.Error as exc:
         raise DraftfitError(f"line {reader.line_num}: malformed CSV ({exc})",
                             fix="Fix the quoting on that line", where=str(path)) from exc
+    finally:
+        csv.field_size_limit(limit)
     return columns, records
 
 
@@ -356,6 +432,16 @@ def _normalize_prompt(value: Any, column: str) -> str | None:
         raise ValueError(f"column '{column}': expected text, got {_json_type(value)}")
     if not value.strip():
         return None
+    return _utf8(value, column)
+
+
+def _utf8(value: str, column: str, what: str = "text") -> str:
+    """Text that can be stored and tokenized: JSON may escape lone surrogates ("\\ud800")."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise ValueError(f"column '{column}': {what} holds an unpaired surrogate (character {exc.start + 1}), "
+                         "not valid Unicode") from None
     return value
 
 
@@ -364,7 +450,7 @@ def _normalize_category(value: Any, column: str) -> str:
         return UNCATEGORIZED
     if isinstance(value, bool) or not isinstance(value, str | int | float):
         raise ValueError(f"column '{column}': expected text, got {_json_type(value)}")
-    return str(value).strip()
+    return _utf8(str(value).strip(), column)
 
 
 def _normalize_messages(value: Any, column: str) -> list[dict[str, str]] | None:
@@ -390,13 +476,14 @@ def _normalize_messages(value: Any, column: str) -> list[dict[str, str]] | None:
         role = message.get("role")
         if not isinstance(role, str) or not role.strip():
             raise ValueError(f"column '{column}': message {i} has no 'role'")
+        _utf8(role, column, f"message {i}'s role")
         content = message.get("content")
         if isinstance(content, list):
             content = _join_text_parts(content, column, i)
         if not isinstance(content, str):
             what = "no 'content'" if content is None else f"'content' that is {_json_type(content)}"
             raise ValueError(f"column '{column}': message {i} has {what}")
-        out.append({"role": role, "content": content})
+        out.append({"role": role, "content": _utf8(content, column, f"message {i}'s content")})
     return out
 
 
@@ -449,6 +536,7 @@ class DroppedPrompt:
     category: str
     reason: str
     n_input_tokens: int | None = None
+    digest: str = ""  # prompt_digest() of the row's text: findable in the source, not readable
 
 
 @dataclass(frozen=True)
@@ -590,11 +678,14 @@ def sample_prompts(
     max_input_tokens: int,
     scrub: bool = False,
     template: TemplateMode = "auto",
+    show_prompts: bool = False,
 ) -> PromptSample:
     """Draw ``n`` prompts stratified by input-length bucket; see the module docstring.
 
     ``tokenizer`` is the target's (:class:`draftfit.chat_template.ChatTokenizer`). Rows over
-    ``max_input_tokens`` are dropped and listed in ``PromptSample.dropped``.
+    ``max_input_tokens`` are dropped and listed in ``PromptSample.dropped``. Warnings name
+    dropped rows by row id and :func:`prompt_digest`; ``show_prompts=True`` adds the start of
+    each row's text (for a person debugging their own data).
     """
     src = source_of(dataset)
     _check_args(n=n, seed=seed, thresholds=thresholds, max_input_tokens=max_input_tokens,
@@ -627,7 +718,17 @@ def sample_prompts(
 
     def note(message: str) -> None:
         notes.append(f"{src}: {message}")
+        log.info("%s: %s", src, message)
         _warn(src, message)
+
+    def row_text(i: int) -> str:
+        chat = chats[i]
+        if chat is not None:
+            return "\n".join(str(m["content"]) for m in chat)
+        return prompts[i] or ""
+
+    def labels(indices: Sequence[int]) -> str:
+        return _row_labels([rows[i] for i in indices], [row_text(i) for i in indices], show_prompts)
 
     # 1-2. render every row to the text the engine receives (scrubbing the user's text first)
     texts: list[str | None] = [None] * len(rows)
@@ -636,6 +737,7 @@ def sample_prompts(
     templated = [False] * len(rows)
     scrub_counts = [ScrubCounts()] * len(rows)
     dropped: list[DroppedPrompt] = []
+    refused: list[int] = []
     for i, (row, category, text, chat) in enumerate(zip(rows, categories, prompts, chats, strict=True)):
         if chat is not None:
             kinds[i], apply = "messages", True
@@ -652,17 +754,20 @@ def sample_prompts(
             messages = [{"role": "user", "content": text}]
         else:
             dropped.append(DroppedPrompt(id=row, category=category, reason="no prompt and no messages"))
+            refused.append(i)
             continue
         try:
             texts[i] = tokenizer.apply_chat_template(messages, add_generation_prompt=True) if apply else text
         except DraftfitError as exc:
-            dropped.append(DroppedPrompt(id=row, category=category, reason=exc.message))
+            reason = exc.message if show_prompts else _redact(exc.message, [m["content"] for m in messages])
+            dropped.append(DroppedPrompt(id=row, category=category, reason=reason,
+                                         digest=prompt_digest(row_text(i))))
+            refused.append(i)
             continue
         add_special[i] = not apply
         templated[i] = apply
     if dropped:
-        note(f"{len(dropped)} row(s) dropped: empty or refused by the chat template "
-             f"({_list_rows([d.id for d in dropped])})")
+        note(f"{len(dropped)} row(s) dropped: empty or refused by the chat template {labels(refused)}")
 
     # tokenization: batched, split by whether special tokens are added
     ids: list[list[int] | None] = [None] * len(rows)
@@ -680,10 +785,11 @@ def sample_prompts(
         dropped.append(DroppedPrompt(
             id=rows[i], category=categories[i], n_input_tokens=n_tok,
             reason=f"over context: {n_tok} input tokens > max_input_tokens {max_input_tokens}",
+            digest=prompt_digest(row_text(i)),
         ))
     if over:
         note(f"{len(over)} row(s) longer than max_input_tokens={max_input_tokens} dropped, not "
-             f"truncated ({_list_rows([rows[i] for i in over])})")
+             f"truncated {labels(over)}")
 
     over_set = set(over)
     eligible = np.array([i for i, enc in enumerate(ids) if enc is not None and i not in over_set],
@@ -815,10 +921,45 @@ def _check_args(*, n: int, seed: int, thresholds: tuple[int, int], max_input_tok
                             fix="Use template='auto'")
 
 
-def _list_rows(row_ids: Sequence[int], limit: int = 10) -> str:
+def _list_rows(row_ids: Sequence[int | str], limit: int = 10) -> str:
     shown = ", ".join(str(r) for r in row_ids[:limit])
     more = f" and {len(row_ids) - limit} more" if len(row_ids) > limit else ""
     return f"row{'s' if len(row_ids) != 1 else ''} {shown}{more}"
+
+
+EXCERPT_CHARS = 60
+
+
+def prompt_digest(text: str) -> str:
+    """A short SHA-256 of a prompt's text: names a row in logs without showing it.
+
+    ``sha256(text.encode()).hexdigest()[:10]`` — hash a row of the source the same way to find it.
+    """
+    return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()[:10]
+
+
+def _row_labels(row_ids: Sequence[int], texts: Sequence[str], show: bool, limit: int = 10) -> str:
+    """``(rows 2, 3) [sha256 1a2b3c4d5e, 5f6a7b8c9d]``: row ids and digests, never the text —
+    unless ``show``: then each digest is followed by the start of the row's text, escaped."""
+    parts = []
+    for text in texts[:limit]:
+        part = f"sha256 {prompt_digest(text)}"
+        if show:
+            excerpt = text[:EXCERPT_CHARS] + ("…" if len(text) > EXCERPT_CHARS else "")
+            part += f" {excerpt!r}"
+        parts.append(part)
+    return f"({_list_rows(row_ids, limit)}) [{', '.join(parts)}]"
+
+
+def _redact(message: str, texts: Sequence[str], window: int = 12) -> str:
+    """``message`` unless it quotes any ``window`` characters of ``texts`` (a chat template may put
+    the conversation into its error); then a notice that the detail was withheld."""
+    probe = message[:500]
+    for start in range(max(len(probe) - window + 1, 0)):
+        piece = probe[start:start + window]
+        if any(piece in text for text in texts):
+            return "the chat template refused the conversation (its message quotes the prompt; rerun with --show-prompts to see it)"
+    return message
 
 
 def _warn(src: str, message: str) -> None:

@@ -118,7 +118,7 @@ def measured_profile(session: EngineSession, engine_fields: dict, plan: dict, vo
 # the prompts (verify samples the same ones)
 
 
-def study_prompts(study: StudySettings, target_meta: Path):
+def study_prompts(study: StudySettings, target_meta: Path, *, show_prompts: bool = False):
     """Sample the study's prompts as `rank` does (same loader, template, seed and limits)."""
     import warnings
 
@@ -133,7 +133,7 @@ def study_prompts(study: StudySettings, target_meta: Path):
         sample = sample_prompts(
             dataset, ChatTokenizer.from_dir(target_meta), n=study.sample_size, seed=study.seed,
             thresholds=tuple(study.length_thresholds), max_input_tokens=study.max_model_len - study.max_tokens - 1,
-            scrub=study.scrub,
+            scrub=study.scrub, show_prompts=show_prompts,
         )
     if not sample.items:
         raise DraftfitError(
@@ -187,7 +187,7 @@ class RankRun:
                 fix="Run `draftfit rank` once per target",
             )
         target_ref = resolve(targets[0])
-        target_meta = metadata_dir(target_ref)
+        target_meta = metadata_dir(target_ref, trust_remote_code=self.trust_remote_code)
         target_config = json.loads((target_meta / "config.json").read_text())
 
         self.progress("checking target/draft pairs")
@@ -252,7 +252,7 @@ class RankRun:
                 scores_by_fp[fp] = self._score(trajset, draft, engine_config, session)
                 if measured:
                     self.progress(f"measuring the step times of {label}'s draft")
-                    draft_config = json.loads((metadata_dir(draft) / "config.json").read_text())
+                    draft_config = json.loads((metadata_dir(draft, trust_remote_code=self.trust_remote_code) / "config.json").read_text())
                     profiles[fp] = measured_profile(session, engine_fields, plan, int(draft_config["vocab_size"]), self.progress)
             except DraftfitError as exc:
                 self._fail(plans, fp, str(exc))
@@ -333,7 +333,7 @@ class RankRun:
         from draftfit.compat import compare
 
         draft_ref = resolve(draft.model)
-        report = compare(target_meta, metadata_dir(draft_ref), vllm_version=self.study.vllm_version,
+        report = compare(target_meta, metadata_dir(draft_ref, trust_remote_code=self.trust_remote_code), vllm_version=self.study.vllm_version,
                          target_label=target_ref.spec, draft_label=draft_ref.spec)
         plan.check = report.to_dict()
         plan.draft_ref = draft_ref
@@ -345,7 +345,7 @@ class RankRun:
         return plan
 
     def _prompts(self, target_meta: Path):
-        return study_prompts(self.study, target_meta)
+        return study_prompts(self.study, target_meta, show_prompts=self.show_prompts)
 
     def _score(self, trajset, draft_ref: ModelRef, engine_config, session: EngineSession):
         from draftfit.scoring import score_draft
@@ -422,7 +422,7 @@ class RankRun:
             else:
                 fp = fingerprint(plan.draft_ref)
                 walked = predict.predict_model_draft(trajset, scores_by_fp[fp].scores, ks, rule)
-                draft_config = json.loads((metadata_dir(plan.draft_ref) / "config.json").read_text())
+                draft_config = json.loads((metadata_dir(plan.draft_ref, trust_remote_code=self.trust_remote_code) / "config.json").read_text())
                 draft_shape = ModelShape.from_config(draft_config, name=plan.draft_ref.name)
                 draft_cost = ModelDraftCost(step_time(fp, draft_shape))
                 cost_rank = float(draft_shape.params)
@@ -515,7 +515,7 @@ class RankRun:
         if rec.candidate is not None and study.temperature > 0:
             extra["draft_sample_method"] = study.draft_sample_method
         spec = rec.spec_config(**extra) if rec.candidate is not None else None
-        target_name = target_ref.spec if target_ref.kind == "hub" else str(model_dir(target_ref))
+        target_name = target_ref.spec if target_ref.kind == "hub" else str(model_dir(target_ref, trust_remote_code=self.trust_remote_code))
         common = {"tensor_parallel_size": study.tensor_parallel_size, "gpu_memory_utilization": study.deploy_memory_utilization,
                   "max_model_len": study.max_model_len, "vllm_version": study.vllm_version,
                   "device": "gpu" if study.gpu else "cpu"}

@@ -263,7 +263,8 @@ def _converting(parent: Path, *, where: str, failure: str, fix: str):
         raise
     except Exception as exc:
         shutil.rmtree(tmp, ignore_errors=True)
-        raise ModelRefError(f"{failure} ({type(exc).__name__}: {exc})", where=where, fix=fix) from exc
+        detail = " ".join(str(exc).split())  # one line: library messages often span several
+        raise ModelRefError(f"{failure} ({type(exc).__name__}: {detail})", where=where, fix=fix) from exc
 
 
 def _gguf_converted(ref: ModelRef, *, weights: bool) -> Path:
@@ -332,6 +333,13 @@ def _slow_tokenizer_converted(ref: ModelRef, *, trust_remote_code: bool) -> Path
     final = cache_subdir("tokenizers") / _cache_key(source)
     if (final / "tokenizer.json").is_file():
         return final
+    custom = custom_code(source).get("AutoTokenizer")
+    if custom and not trust_remote_code:
+        raise ModelRefError(
+            f"its tokenizer is custom code from the repository ({custom}), which draftfit does not run by default",
+            where=str(source),
+            fix="Pass --trust-remote-code if you trust that code, or add a tokenizer.json to the directory",
+        )
     with _converting(
         final.parent,
         where=str(source),
@@ -351,6 +359,26 @@ def _slow_tokenizer_converted(ref: ModelRef, *, trust_remote_code: bool) -> Path
                 fix="Add a tokenizer.json to the directory",
             )
     return _publish(tmp, final)
+
+
+def custom_code(directory: Path) -> dict[str, str]:
+    """The classes a model directory's ``auto_map`` entries (config.json, tokenizer_config.json)
+    load from its own Python files, e.g. ``{"AutoTokenizer": "tokenization_x.XTokenizer"}``."""
+    found: dict[str, str] = {}
+    for name in ("config.json", "tokenizer_config.json"):
+        try:
+            data = json.loads((directory / name).read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, ValueError):
+            continue
+        auto_map = data.get("auto_map") if isinstance(data, dict) else None
+        if not isinstance(auto_map, dict):
+            continue
+        for key, value in auto_map.items():
+            classes = value if isinstance(value, list) else [value]
+            named = [str(c) for c in classes if c]
+            if named:
+                found.setdefault(str(key), ", ".join(named))
+    return found
 
 
 def _hub_files(ref: ModelRef, names: tuple[str, ...] | None) -> Path:

@@ -123,7 +123,7 @@ def load(path: str | os.PathLike) -> Results:
         return Results.model_validate(data)
     except ValidationError as exc:
         first = exc.errors()[0]
-        where = ".".join(str(p) for p in first["loc"])
+        where = " ".join(".".join(str(p) for p in first["loc"]).split())  # one line, whatever the keys
         raise DraftfitError(f"{where}: {first['msg']}", where=str(path), fix="Re-run `draftfit rank`; the file was changed or truncated") from exc
 
 

@@ -11,9 +11,10 @@ prices, times and other numbers alone. Rules, in the order they run:
    (space or dash) — 4-4-4-1..7 or the 4-6-4/5 layout of Amex/Diners — and passing the Luhn check.
    Card-like numbers that fail the Luhn check are left alone (they are usually order or tracking ids).
 3. ``<PHONE>``: ``+CC`` followed by digit groups (``+82 10 1234 5678``, ``+1 (555) 123-4567``,
-   ``+44 20 7946 0958``); Korean ``0XX-XXXX-XXXX`` / ``(0X) XXX-XXXX`` with separators, mobile
-   numbers ``01X`` without them (``01012345678``) and business numbers ``1588-1234``; North American
-   ``(555) 123-4567`` and ``555-123-4567`` / ``555.123.4567``; UK-style ``07700 900 481``.
+   ``+44 20 7946 0958``, ``+44 7700 900481``); Korean ``0XX-XXXX-XXXX`` / ``(0X) XXX-XXXX`` with
+   separators, mobile numbers ``01X`` without them (``01012345678``) and business numbers
+   ``1588-1234``; North American ``(555) 123-4567`` and ``555-123-4567`` / ``555.123.4567`` /
+   ``555 123 4567`` (area code and exchange starting 2-9), optionally after ``1-``; UK-style ``07700 900 481``.
    A match must hold 7-15 digits.
 
 A number glued to ASCII letters or digits is never matched; Hangul around it is fine
@@ -77,7 +78,7 @@ _PHONE_RE = re.compile(
     _LEFT
     + r"(?:"
     # international: +CC, optional (area), groups
-    + r"\+\d{1,3}[ .-]?(?:\(\d{1,4}\)[ .-]?)?\d{1,4}(?:[ .-]\d{2,4}){1,4}"
+    + r"\+\d{1,3}[ .-]?(?:\(\d{1,4}\)[ .-]?)?\d{1,4}(?:[ .-]\d{2,4}){0,3}[ .-]\d{2,6}"
     # Korean with separators: 010-1234-5678, 02-123-4567, 031.123.4567, (02) 123-4567
     + r"|0\d{1,2}[-. ]\d{3,4}[-. ]\d{4}"
     + r"|\(0\d{1,2}\)[ ]?\d{3,4}[-. ]\d{4}"
@@ -87,9 +88,11 @@ _PHONE_RE = re.compile(
     + r"|1[568]\d{2}-\d{4}"
     # UK-style national numbers with spaces: 07700 900 481, 0161 555 0147
     + r"|0\d{3,4} \d{3} \d{3,4}"
-    # North American: (555) 123-4567, 555-123-4567, 555.123.4567
-    + r"|\(\d{3}\)[ ]?\d{3}[-. ]\d{4}"
-    + r"|\d{3}(?P<na>[-.])\d{3}(?P=na)\d{4}"
+    # North American: (555) 123-4567, 555-123-4567, 555.123.4567, 555 123 4567, with an optional 1-
+    + r"|(?:1[-. ])?\(\d{3}\)[ ]?\d{3}[-. ]\d{4}"
+    + r"|(?:1[-.])?\d{3}(?P<na>[-.])\d{3}(?P=na)\d{4}"
+    # ... and with spaces only where area code and exchange are valid (first digit 2-9)
+    + r"|(?:1 )?[2-9]\d{2} [2-9]\d{2} \d{4}"
     + r")"
     + _RIGHT
 )

@@ -155,7 +155,8 @@ def parse_config(text: str) -> tuple[str, int]:
     return name, int(k)
 
 
-def speculative_config(candidate: Candidate, k: int, target_ref, study: StudySettings) -> VerifyConfig:
+def speculative_config(candidate: Candidate, k: int, target_ref, study: StudySettings, *,
+                       trust_remote_code: bool = False) -> VerifyConfig:
     """The vLLM ``speculative_config`` for (candidate, k), with every model path made local."""
     from draftfit.engines.vllm_engine import draft_model_config, ngram_config
     from draftfit.refs import fingerprint, model_dir, resolve
@@ -180,7 +181,7 @@ def speculative_config(candidate: Candidate, k: int, target_ref, study: StudySet
         config = draft_model_config(directory, k, **extra)
     else:
         ref = resolve(draft.model)
-        directory = model_dir(ref)
+        directory = model_dir(ref, trust_remote_code=trust_remote_code)
         identity = draft.method == "draft_model" and fingerprint(ref) == fingerprint(target_ref)
         if draft.method in HEADS:
             config = {"method": draft.method, "model": str(directory), "num_speculative_tokens": int(k)} | extra
@@ -666,6 +667,7 @@ class EngineOptions:
     seed: int = 0
     enforce_eager: bool = True
     debug: bool = False
+    trust_remote_code: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -823,6 +825,7 @@ async def _measure_engine(config: VerifyConfig, target_dir: Path, plan: RunPlan,
         "model": str(target_dir), "dtype": options.dtype, "gpu_memory_utilization": float(options.gpu_memory_utilization),
         "max_model_len": int(options.max_model_len), "enforce_eager": bool(options.enforce_eager), "seed": int(options.seed),
         "tensor_parallel_size": int(options.tensor_parallel_size), "disable_log_stats": False,
+        "trust_remote_code": bool(options.trust_remote_code),
     }
     if config.speculative_config is not None:
         kwargs["speculative_config"] = dict(config.speculative_config)
@@ -994,6 +997,8 @@ class VerifyRun:
     debug: bool = False
     progress: Progress = field(default=lambda message: None)
     report_path: Path | None = None  # report.html re-rendered after the run
+    trust_remote_code: bool = False  # let model repositories run their own code
+    show_prompts: bool = False  # prompt text in warnings (off: row numbers and a hash only)
 
     def plan(self):
         """Load the results and work out what will run (no engine): (results, study, configs, levels, requests)."""
@@ -1004,11 +1009,11 @@ class VerifyRun:
         study = StudySettings.model_validate(results.study)
         chosen = select_configs(results, top=self.top, configs=self.configs, candidate_files=self.candidate_files, ks=self.ks)
         target_ref = _target_ref(results)
-        configs = [speculative_config(c, k, target_ref, study) for c, k in chosen]
+        configs = [speculative_config(c, k, target_ref, study, trust_remote_code=self.trust_remote_code) for c, k in chosen]
         levels = tuple(sorted(set(self.concurrency or study.concurrency)))
         if not levels or min(levels) < 1:
             raise DraftfitError("concurrency levels must be whole numbers ≥ 1", fix="Use e.g. --concurrency 1,4,8")
-        return results, study, target_ref, model_dir(target_ref), configs, levels
+        return results, study, target_ref, model_dir(target_ref, trust_remote_code=self.trust_remote_code), configs, levels
 
     def run(self) -> tuple[results_mod.Results, list[dict[str, Any]]]:
         from draftfit.refs import metadata_dir
@@ -1018,7 +1023,8 @@ class VerifyRun:
         self.progress("sampling the study's prompts")
         from draftfit.rank import study_prompts
 
-        sample = study_prompts(study, metadata_dir(target_ref))
+        sample = study_prompts(study, metadata_dir(target_ref, trust_remote_code=self.trust_remote_code),
+                               show_prompts=self.show_prompts)
         expected = (results.prompts or {}).get("prompts_hash")
         if expected and sample.prompts_hash != expected:
             raise DraftfitError(
@@ -1034,6 +1040,7 @@ class VerifyRun:
             dtype=study.dtype, max_model_len=study.max_model_len,
             gpu_memory_utilization=float(self.gpu_memory_utilization or study.engine_memory_utilization),
             tensor_parallel_size=study.tensor_parallel_size, seed=study.seed, debug=self.debug,
+            trust_remote_code=self.trust_remote_code,
         )
         verify_id = results_mod.new_run_id()
         device = _device()

@@ -62,6 +62,44 @@ NEGATIVE = [
 ]
 
 
+# Personal data glued to Korean text (no spaces around it) and the other common formats.
+GLUED = [
+    ("연락처는010-1234-5678입니다", "연락처는<PHONE>입니다", (0, 1, 0)),
+    ("휴대폰01012345678로 연락주세요", "휴대폰<PHONE>로 연락주세요", (0, 1, 0)),
+    ("해외번호+82 10 1234 5678로 부탁해요", "해외번호<PHONE>로 부탁해요", (0, 1, 0)),
+    ("사무실은02-123-4567번입니다", "사무실은<PHONE>번입니다", (0, 1, 0)),
+    ("대표번호1588-1234로 전화", "대표번호<PHONE>로 전화", (0, 1, 0)),
+    ("문의는jane.kim@example.co.kr로 보내세요", "문의는<EMAIL>로 보내세요", (1, 0, 0)),
+    ("카드4111-1111-1111-1111로 결제", "카드<CARD>로 결제", (0, 0, 1)),
+    ("카드번호는4111 1111 1111 1111이고 유효기간은 12/27", "카드번호는<CARD>이고 유효기간은 12/27", (0, 0, 1)),
+    ("결제카드5555555555554444였어요", "결제카드<CARD>였어요", (0, 0, 1)),
+    ("아멕스3782-822463-10005사용", "아멕스<CARD>사용", (0, 0, 1)),
+    ("고객(010-9876-5432, hong@example.kr)님", "고객(<PHONE>, <EMAIL>)님", (1, 1, 0)),
+    # English formats
+    ("Text me on +44 7700 900481 tonight.", "Text me on <PHONE> tonight.", (0, 1, 0)),
+    ("London office: +44 (0)20 7946 0958.", "London office: <PHONE>.", (0, 1, 0)),
+    ("Dial 1-415-555-0132 or 1 (415) 555-0132.", "Dial <PHONE> or <PHONE>.", (0, 2, 0)),
+    ("Her number is 415 555 0132.", "Her number is <PHONE>.", (0, 1, 0)),
+    ("Card: 4012-8888-8888-1881 exp 09/28", "Card: <CARD> exp 09/28", (0, 0, 1)),
+]
+
+
+@pytest.mark.parametrize("text, expected, counts", GLUED)
+def test_scrub_finds_data_glued_to_korean_and_other_formats(text: str, expected: str, counts: tuple[int, int, int]) -> None:
+    out, found = scrub_text(text)
+    assert out == expected
+    assert (found.email, found.phone, found.card) == counts
+
+
+@pytest.mark.parametrize("text", [
+    "Scores were 100 200 3000 across the three runs.",
+    "카드 4111-1111-1111-1112는 체크섬이 틀린 번호입니다",  # fails Luhn
+    "2024년12월31일까지 접수",
+])
+def test_scrub_leaves_number_lists_and_bad_checksums_alone(text: str) -> None:
+    assert scrub_text(text) == (text, ScrubCounts())
+
+
 @pytest.mark.parametrize("text, expected, counts", POSITIVE)
 def test_scrub_replaces_personal_data(text: str, expected: str, counts: tuple[int, int, int]) -> None:
     out, found = scrub_text(text)

@@ -36,7 +36,7 @@ def _check_version(ctx: click.Context, param: click.Parameter, value: str | None
 @click.option("--probe-file", type=click.Path(exists=True, dir_okay=False, path_type=Path),
               help="More probe texts: one per line, or JSONL with a `text` field.")
 @click.option("--trust-remote-code", is_flag=True,
-              help="Allow custom code from the model repos when reading their metadata.")
+              help="Let model repositories run their own Python code when their tokenizer needs it. Only for code you trust.")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON (docs/check-json.md).")
 def check(target: str, draft: str, engine: str, vllm_version: str | None, probe_file: Path | None,
           trust_remote_code: bool, as_json: bool) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import click
@@ -51,7 +52,12 @@ def _levels(ctx, param, value: str | None):
 @click.option("--reports-dir", type=click.Path(file_okay=False, path_type=Path), default=Path("reports"), show_default=True,
               help="Where reports/<run-id>/ is written.")
 @click.option("--run-id", help="Name of the run directory (default: a UTC timestamp).")
-def rank(candidate_files, study_file, reports_dir, run_id, gpu_catalog, profile_plan, **options) -> None:
+@click.option("--trust-remote-code", is_flag=True,
+              help="Let model repositories run their own Python code (auto_map classes). Only for code you trust.")
+@click.option("--show-prompts", is_flag=True,
+              help="Show the start of prompt texts in warnings and errors. Default: row numbers and a short hash only.")
+def rank(candidate_files, study_file, reports_dir, run_id, gpu_catalog, profile_plan, trust_remote_code, show_prompts,
+         **options) -> None:
     """Rank every (draft, k) in CANDIDATE_FILES for your prompts, hardware and concurrency.
 
     Checks each target/draft pair (incompatible pairs are skipped with the reason), samples
@@ -69,21 +75,26 @@ def rank(candidate_files, study_file, reports_dir, run_id, gpu_catalog, profile_
       draftfit rank candidates/*.yaml
       draftfit rank candidates/*.yaml --gpu "H100 SXM" --latency-source roofline --concurrency 1,8,32
     """
-    from draftfit.candidates import build_study, load_candidates
+    from draftfit.candidates import build_study, check_inputs, load_candidates
     from draftfit.rank import PROFILE_PLANS, RankRun, format_table
 
     candidates, from_files = load_candidates(list(candidate_files))
     overrides = dict(options)
     study = build_study(study_file=study_file, from_candidates=from_files, overrides=overrides)
+    # every input error surfaces here, before a model loads or anything is written
+    check_inputs(candidates, study, gpu_catalog=gpu_catalog, trust_remote_code=trust_remote_code)
+    from rich.text import Text
+
     console = _console()
-    with console.status("starting") as status:
+    with console.status("starting") as status, _log_to(console):
         def progress(message: str) -> None:
             status.update(message)
-            console.print(f"[dim]{time.strftime('%H:%M:%S')}[/dim] {message}", highlight=False)
+            console.print(Text.assemble((time.strftime("%H:%M:%S"), "dim"), " ", message), highlight=False)
 
         run = RankRun(candidates, study, reports_root=reports_dir, run_id=run_id, argv=click.get_current_context().meta.get("draftfit.argv"),
                       gpu_catalog=str(gpu_catalog) if gpu_catalog else None, progress=progress,
-                      profile_plan=dict(PROFILE_PLANS[profile_plan]))
+                      profile_plan=dict(PROFILE_PLANS[profile_plan]), show_prompts=show_prompts,
+                      trust_remote_code=trust_remote_code)
         results, out_dir = run.run()
     for skipped in results.skipped:
         click.echo(f"skipped {skipped['candidate']}: {skipped['reason']}")
@@ -111,3 +122,26 @@ def _console():
     from rich.console import Console
 
     return Console(stderr=True)
+
+
+@contextmanager
+def _log_to(console):
+    """Show draftfit's log records (INFO and up: prompts loaded and sampled, rows dropped) on the
+    console while the command runs."""
+    import logging
+
+    class ConsoleHandler(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            console.print(f"{time.strftime('%H:%M:%S')} {self.format(record)}", style="dim", highlight=False, markup=False)
+
+    logger = logging.getLogger("draftfit")
+    handler = ConsoleHandler(logging.INFO)
+    previous = logger.level
+    logger.addHandler(handler)
+    if logger.getEffectiveLevel() > logging.INFO:
+        logger.setLevel(logging.INFO)
+    try:
+        yield
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(previous)

@@ -33,9 +33,14 @@ def _ints(ctx, param, value: str | None):
               help="Seconds per (configuration, concurrency) run; unfinished requests are aborted and counted as errors.")
 @click.option("--gpu-memory-utilization", type=click.FloatRange(min=0, min_open=True, max=1),
               help="Memory fraction of the engines started here. Default: the study's engine memory fraction.")
+@click.option("--trust-remote-code", is_flag=True,
+              help="Let model repositories run their own Python code (auto_map classes). Only for code you trust.")
+@click.option("--show-prompts", is_flag=True,
+              help="Show the start of prompt texts in warnings and errors. Default: row numbers and a short hash only.")
 @click.option("--dry-run", is_flag=True, help="Print what would run (configurations and vLLM speculative configs) and exit.")
 @click.pass_context
-def verify(ctx, results_file, top, configs, candidate_files, ks, concurrency, requests, timeout_s, gpu_memory_utilization, dry_run) -> None:
+def verify(ctx, results_file, top, configs, candidate_files, ks, concurrency, requests, timeout_s, gpu_memory_utilization,
+           trust_remote_code, show_prompts, dry_run) -> None:
     """Measure real vLLM runs against the predictions in RESULTS_FILE.
 
     Runs vLLM without speculation (the baseline) and with each chosen (candidate, k) on the
@@ -59,7 +64,8 @@ def verify(ctx, results_file, top, configs, candidate_files, ks, concurrency, re
     console = _console()
     run = VerifyRun(results_file, top=top, configs=configs, candidate_files=candidate_files, ks=ks,
                     concurrency=concurrency, requests=requests, timeout_s=timeout_s,
-                    gpu_memory_utilization=gpu_memory_utilization, argv=ctx.meta.get("draftfit.argv"), debug=debug)
+                    gpu_memory_utilization=gpu_memory_utilization, argv=ctx.meta.get("draftfit.argv"), debug=debug,
+                    trust_remote_code=trust_remote_code, show_prompts=show_prompts)
     if dry_run:
         _, _, _, _, planned, levels = run.plan()
         click.echo(describe_plan(planned, levels, requests))
