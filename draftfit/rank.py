@@ -554,15 +554,22 @@ def format_table(results: results_mod.Results, *, limit: int = 20) -> str:
     levels = [p["concurrency"] for p in configs[0]["per_concurrency"]] if configs else []
     head = f"{'#':>3}  {'config':<22} {'AL (pred.)':>15} " + " ".join(f"{'×@' + str(b):>7}" for b in levels) + f" {'+VRAM GiB':>9}  fit"
     lines = [head, "-" * len(head)]
-    for c in configs[:limit]:
+
+    def row(c: dict, rank: str) -> None:
         al = f"{c['al_predicted']:.2f} [{c['al_ci_low']:.2f},{c['al_ci_high']:.2f}]"
         speeds = " ".join(f"{p['speedup_predicted']:>7.2f}" for p in c["per_concurrency"])
-        mark = "*" if c.get("pareto") else " "
-        lines.append(f"{c['rank']:>3}{mark} {c['candidate'] + ' k=' + str(c['k']):<22} {al:>15} {speeds} {c['extra_vram_gib']:>9.3f}  {'yes' if c['fits'] else 'NO'}")
+        lines.append(f"{rank:>4} {c['candidate'] + ' k=' + str(c['k']):<22} {al:>15} {speeds} {c['extra_vram_gib']:>9.3f}  {'yes' if c['fits'] else 'NO'}")
         lines.extend(_measured_lines(c))
+
+    for c in configs[:limit]:
+        row(c, f"{c['rank']}{'*' if c.get('pareto') else ' '}")
+    if len(configs) > limit:
+        lines.append(f"  ({len(configs) - limit} more ranked configs in results.csv and the report)")
     unranked = [c for c in results.configs if c.get("rank") is None]
     if unranked:
-        lines.append(f"  ({len(unranked)} configs do not fit in memory and are not ranked)")
+        lines.append(f"  not ranked — they do not fit in memory at the study's concurrency and max_model_len ({len(unranked)}):")
+        for c in unranked:
+            row(c, "-")
     return "\n".join(lines)
 
 

@@ -22,7 +22,7 @@ def test_table_without_measurements_has_one_row_per_config():
     text = format_table(_results([_config("ngram", 2, 1, {1: 1.5, 4: 1.2}), _config("ngram", 4, 2, {1: 1.4, 4: 1.1})]))
     lines = text.splitlines()
     assert len(lines) == 4 and "measured" not in text
-    assert lines[2].split()[:3] == ["1*", "ngram", "k=2"]
+    assert lines[2].split()[:3] == ["1*", "ngram", "k=2"] and lines[3].split()[:3] == ["2", "ngram", "k=4"]
     assert "1.50" in lines[2] and "1.20" in lines[2]
 
 
@@ -33,7 +33,13 @@ def test_measured_rows_show_the_error_of_each_prediction():
     assert line == ["       measured @4: AL 2.00 (pred. err +25%), × 0.80 (pred. err +50%)"]
 
 
-def test_unranked_configs_are_counted():
-    unfit = _config("self-draft", 4, None, {1: 0.9})
-    text = format_table(_results([_config("ngram", 2, 1, {1: 1.5}), unfit]))
-    assert text.splitlines()[-1] == "  (1 configs do not fit in memory and are not ranked)"
+def test_configs_that_do_not_fit_are_listed_unranked():
+    unfit = _config("self-draft", 4, None, {1: 0.9}) | {"fits": False}
+    lines = format_table(_results([_config("ngram", 2, 1, {1: 1.5}), unfit])).splitlines()
+    assert lines[-2].startswith("  not ranked — they do not fit in memory")
+    assert lines[-1].split()[:4] == ["-", "self-draft", "k=4", "2.50"] and lines[-1].split()[-3:] == ["0.90", "0.000", "NO"]
+
+
+def test_long_rankings_are_cut_with_a_pointer():
+    text = format_table(_results([_config("ngram", k, k, {1: 2.0 - k / 10}) for k in range(1, 6)]), limit=3)
+    assert text.splitlines()[-1] == "  (2 more ranked configs in results.csv and the report)"
