@@ -7,7 +7,8 @@ shares the target's tokenizer and vocabulary, so every engine accepts the pair.
 The weights are copied tensor by tensor straight out of the target's safetensors files (header
 rewritten, tensor bytes copied as they are): any dtype, no torch needed, and the copy is exact.
 The result lives at ``<cache>/derived/<target fingerprint>-first<n>/``, written into a temporary
-directory and renamed into place.
+directory, finished with a manifest of its files' SHA-256 (:mod:`draftfit.cachedir`) and renamed
+into place; it is checked once per process before reuse, and a damaged one is derived again.
 """
 
 from __future__ import annotations
@@ -17,12 +18,13 @@ import os
 import re
 import shutil
 import struct
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from draftfit import cachedir
 from draftfit.errors import DraftfitError
+from draftfit.faults import fault_point
 from draftfit.paths import cache_subdir
 from draftfit.refs import COMPANION_FILES, ModelRef, fingerprint, model_dir, resolve
 
@@ -69,11 +71,11 @@ def first_layers(target: ModelRef | str | Path, n_layers: int) -> DerivedDraft:
         )
     target_fp = fingerprint(ref)
     final = derived_dir(target_fp, n_layers)
-    if (final / SOURCE_FILE).is_file():
-        meta = json.loads((final / SOURCE_FILE).read_text(encoding="utf-8"))
+    meta = _whole(final)
+    if meta is not None:
         return DerivedDraft(final, target_fp, n_layers, total, int(meta["tensors"]), int(meta["bytes"]))
     shards = _weight_shards(source)
-    tmp = Path(tempfile.mkdtemp(dir=final.parent, prefix=f".{final.name}.tmp-"))
+    tmp = cachedir.temp_dir(final)
     try:
         kept, written, weight_map = 0, 0, {}
         for shard in shards:
@@ -103,19 +105,25 @@ def first_layers(target: ModelRef | str | Path, n_layers: int) -> DerivedDraft:
             "tensors": kept,
             "bytes": written,
         }
-        (tmp / SOURCE_FILE).write_text(json.dumps(provenance, indent=2) + "\n", encoding="utf-8")  # last
-        if final.exists():  # an interrupted earlier attempt (no source file): replace it
-            shutil.rmtree(final, ignore_errors=True)
-        try:
-            os.rename(tmp, final)
-        except OSError:
-            if not (final / SOURCE_FILE).is_file():
-                raise
-            shutil.rmtree(tmp, ignore_errors=True)
+        (tmp / SOURCE_FILE).write_text(json.dumps(provenance, indent=2) + "\n", encoding="utf-8")
+        fault_point("derive")
+        cachedir.write_manifest(tmp, {"derived": "first_layers"})  # last: marks the draft whole
+        cachedir.publish(tmp, final)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return DerivedDraft(final, target_fp, n_layers, total, kept, written)
+
+
+def _whole(final: Path) -> dict[str, Any] | None:
+    """The provenance of a whole derived draft (its files match their manifest), else ``None``;
+    a damaged one is removed with a warning so that it is derived again."""
+    if not final.exists():
+        return None
+    if cachedir.adopt(final, SOURCE_FILE) is None and cachedir.verified(final, what="derived draft") is None:
+        cachedir.discard(final)
+        return None
+    return json.loads((final / SOURCE_FILE).read_text(encoding="utf-8"))
 
 
 def _layer_count(config: dict[str, Any], source: Path) -> tuple[str, int]:

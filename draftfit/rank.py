@@ -23,9 +23,10 @@ from typing import Any
 import numpy as np
 
 from draftfit import results as results_mod
+from draftfit.cachedir import read_checked_json, write_checked_json
 from draftfit.candidates import HEADS, Candidate, StudySettings
 from draftfit.errors import DraftfitError
-from draftfit.io import atomic_write_json
+from draftfit.faults import engine_failure, fault_point
 from draftfit.paths import cache_subdir
 from draftfit.refs import ModelRef, fingerprint, metadata_dir, model_dir, resolve
 
@@ -55,6 +56,7 @@ class EngineSession:
 
     def get(self):
         if self.engine is None:
+            fault_point("engine")
             self.engine = self._build(self.ref)
         return self.engine
 
@@ -94,14 +96,11 @@ def measured_profile(session: EngineSession, engine_fields: dict, plan: dict, vo
     from draftfit.profiling import measure_step_profile
 
     path = cache_subdir("profiles") / f"{_profile_key(session.ref, engine_fields, plan)}.json"
-    if path.is_file():
-        try:
-            data = json.loads(path.read_text())
-            if data.get("profile", {}).get("kind") == "measured":
-                data["from_cache"] = True
-                return data
-        except (OSError, ValueError):
-            log.warning("profile cache entry %s is unreadable; measuring again", path)
+    data = read_checked_json(path, what="profile cache entry", legacy=_legacy_profile)
+    if isinstance(data, dict) and _legacy_profile(data) is not None:
+        data["from_cache"] = True
+        fault_point("profile")
+        return data
     engine = session.get()
     with engine.timed("profile"):
         profile = measure_step_profile(
@@ -109,9 +108,16 @@ def measured_profile(session: EngineSession, engine_fields: dict, plan: dict, vo
             progress=progress, **plan,
         )
     data = profile.to_dict()
-    atomic_write_json(path, data)
+    write_checked_json(path, data)
     data["from_cache"] = False
+    fault_point("profile")
     return data
+
+
+def _legacy_profile(data) -> dict | None:
+    """A measured profile (as written before profile entries had checksums), else None."""
+    is_measured = isinstance(data, dict) and isinstance(data.get("profile"), dict) and data["profile"].get("kind") == "measured"
+    return data if is_measured else None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -157,6 +163,7 @@ class PlannedDraft:
     deploy_model: str | None = None  # what the vLLM config names
     check: dict | None = None
     skip_reason: str | None = None
+    failure: dict | None = None  # its engine failed (results.failed)
 
 
 @dataclass
@@ -227,6 +234,7 @@ class RankRun:
                 target_ref, prompt_ids, sampling, engine_config=engine_config, top_k=study.top_k_logprobs,
                 engine_factory=target_session.lend,
             )
+            fault_point("trajectories")
             target_fp = fingerprint(target_ref)
             if measured:
                 self.progress("measuring the target's step times")
@@ -247,20 +255,23 @@ class RankRun:
                 continue
             session = EngineSession(draft, build, self.timings)
             label = ", ".join(names)
+            stage = "scoring"
             try:
                 self.progress(f"scoring the draft of {label}")
                 scores_by_fp[fp] = self._score(trajset, draft, engine_config, session)
                 if measured:
+                    stage = "profiling"
                     self.progress(f"measuring the step times of {label}'s draft")
                     draft_config = json.loads((metadata_dir(draft, trust_remote_code=self.trust_remote_code) / "config.json").read_text())
                     profiles[fp] = measured_profile(session, engine_fields, plan, int(draft_config["vocab_size"]), self.progress)
-            except DraftfitError as exc:
-                self._fail(plans, fp, str(exc))
+            except Exception as exc:  # noqa: BLE001 - an engine that fails to start, runs out of memory or dies fails this draft only
+                self._fail(plans, fp, exc, "engine start" if session.engine is None else stage, engine_config)
             finally:
                 session.close()
 
         self.progress("predicting acceptance, latency and memory")
         configs, rows = self._predict(plans, trajset, scores_by_fp, profiles, sample, target_ref, target_config)
+        fault_point("predict")
         from draftfit.ranking import build_ranking
 
         ranking = build_ranking(rows, study.primary_concurrency) if rows else None
@@ -288,7 +299,8 @@ class RankRun:
             study=study.model_dump(mode="json"),
             candidates=[p.candidate.model_dump(mode="json") for p in plans],
             checks=[{"candidate": p.candidate.name, **p.check} for p in plans if p.check],
-            skipped=[{"candidate": p.candidate.name, "reason": p.skip_reason} for p in plans if p.skip_reason],
+            skipped=[{"candidate": p.candidate.name, "reason": p.skip_reason} for p in plans if p.skip_reason and not p.failure],
+            failed=[p.failure for p in plans if p.failure],
             prompts={"summary": sample.summary.to_dict(), "dropped": [d.__dict__ for d in sample.dropped], "prompts_hash": sample.prompts_hash},
             targets=[{
                 "target": target_ref.to_dict(),
@@ -303,9 +315,11 @@ class RankRun:
             warnings=self.warnings + list(sample.warnings),
         )
         results_mod.save(results, out_dir)
+        fault_point("results")
         from draftfit.report import write_report
 
         write_report(results, out_dir)
+        fault_point("report")
         return results, out_dir
 
     # --- steps ----------------------------------------------------------------------------------
@@ -350,14 +364,22 @@ class RankRun:
     def _score(self, trajset, draft_ref: ModelRef, engine_config, session: EngineSession):
         from draftfit.scoring import score_draft
 
-        return score_draft(trajset, draft_ref, engine_config=engine_config, top_k=self.study.top_k_logprobs,
-                           engine_factory=session.lend)
+        scores = score_draft(trajset, draft_ref, engine_config=engine_config, top_k=self.study.top_k_logprobs,
+                             engine_factory=session.lend)
+        fault_point("scoring")
+        return scores
 
-    def _fail(self, plans: list[PlannedDraft], fp: str, message: str) -> None:
+    def _fail(self, plans: list[PlannedDraft], fp: str, exc: Exception, stage: str, engine_config) -> None:
+        """Record a draft whose engine failed (results.failed: the engine's message and the knobs)."""
         for plan in plans:
             if plan.draft_ref is not None and fingerprint(plan.draft_ref) == fp:
-                plan.skip_reason = f"engine failed for this draft: {message}"
-        self.warnings.append(message)
+                plan.failure = engine_failure(
+                    exc, candidate=plan.candidate.name, draft=plan.deploy_model or plan.draft_ref.spec, stage=stage,
+                    gpu_memory_utilization=engine_config.gpu_memory_utilization, max_model_len=engine_config.max_model_len,
+                    concurrency=list(self.study.concurrency), dtype=engine_config.dtype,
+                )
+                plan.skip_reason = plan.failure["reason"]
+                self.progress(f"{plan.candidate.name}: {plan.failure['reason']}")
 
     def _hardware(self):
         from draftfit.hardware import GPU, Hardware, load_catalog, parse_hardware

@@ -19,7 +19,8 @@ Two views of a reference:
 
 GGUF files are converted with transformers (``gguf_file=``) into ``<cache>/gguf/<key>/`` once;
 the dequantized weights are copied into a fresh model before saving, since transformers will not
-save a GGUF-loaded model as it is.
+save a GGUF-loaded model as it is. Converted directories carry a manifest of their files' SHA-256
+(:mod:`draftfit.cachedir`), checked once per process before use; a damaged one is converted again.
 """
 
 from __future__ import annotations
@@ -31,11 +32,11 @@ import json
 import os
 import re
 import shutil
-import tempfile
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+from draftfit import cachedir
 from draftfit.errors import ModelRefError
 from draftfit.paths import cache_subdir
 
@@ -68,6 +69,7 @@ COMPANION_FILES = (
     "merges.txt",
     "generation_config.json",
 )
+SOURCE_MARKER = "draftfit-source.json"  # where a converted directory came from, written last before its manifest
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.\-]*/[\w.\-]+$")
 
 
@@ -237,25 +239,40 @@ def _cache_key(path: Path) -> str:
 
 
 def _publish(tmp: Path, final: Path) -> Path:
-    """Move a finished conversion into place; whoever finishes first wins."""
-    if final.exists():
+    """Checksum a finished conversion (manifest written last) and move it into place; whoever
+    finishes first wins."""
+    cachedir.write_manifest(tmp, {"converted": final.parent.name})
+    if _whole(final):
         shutil.rmtree(tmp, ignore_errors=True)
         return final
     try:
-        os.replace(tmp, final)
+        cachedir.publish(tmp, final)
     except OSError:
         shutil.rmtree(tmp, ignore_errors=True)
-        if not final.exists():
-            raise
+        raise
     return final
 
 
+def _whole(final: Path, marker: str | None = None, *, only: tuple[str, ...] | None = None) -> bool:
+    """Whether a cached conversion is whole (its files match their manifest); a damaged one is
+    removed, with a warning, so that it is converted again. ``marker``: the file a conversion
+    writes last (entries made before manifests existed are whole when it is there). ``only``:
+    check just these files."""
+    if not final.exists():
+        return False
+    if marker is not None and cachedir.adopt(final, marker) is not None:
+        return True
+    if cachedir.verified(final, what="converted model", only=only) is not None:
+        return True
+    cachedir.discard(final)
+    return False
+
+
 @contextmanager
-def _converting(parent: Path, *, where: str, failure: str, fix: str):
-    """A temporary directory under ``parent`` for a conversion; removed on any error, which
+def _converting(final: Path, *, where: str, failure: str, fix: str):
+    """A temporary directory beside ``final`` for a conversion; removed on any error, which
     becomes one ModelRefError (``failure`` and the cause) unless it already is one."""
-    parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=parent, prefix=".convert-"))
+    tmp = cachedir.temp_dir(final)
     try:
         yield tmp
     except ModelRefError:
@@ -271,13 +288,13 @@ def _gguf_converted(ref: ModelRef, *, weights: bool) -> Path:
     gguf_path = ref.path
     base = cache_subdir("gguf") / _cache_key(gguf_path)
     final = base / ("model" if weights else "meta")
-    if (final / "config.json").is_file():
+    if _whole(final, SOURCE_MARKER):
         return final
-    if not weights and (base / "model" / "config.json").is_file():
+    if not weights and _whole(base / "model", SOURCE_MARKER, only=METADATA_FILES):
         return base / "model"
     _check_gguf_has_tokenizer(gguf_path)
     with _converting(
-        base,
+        final,
         where=str(gguf_path),
         failure="could not convert the GGUF file",
         fix="Check that it is a complete GGUF of a transformers-supported architecture, or pass an HF directory",
@@ -301,7 +318,7 @@ def _gguf_converted(ref: ModelRef, *, weights: bool) -> Path:
             config.save_pretrained(str(tmp))
         transformers.GenerationConfig.from_model_config(config).save_pretrained(str(tmp))
         tokenizer.save_pretrained(str(tmp))
-        (tmp / "draftfit-source.json").write_text(json.dumps({"gguf": str(gguf_path)}, indent=2))
+        (tmp / SOURCE_MARKER).write_text(json.dumps({"gguf": str(gguf_path)}, indent=2))
     return _publish(tmp, final)
 
 
@@ -331,7 +348,7 @@ def _slow_tokenizer_converted(ref: ModelRef, *, trust_remote_code: bool) -> Path
     if not (source / "config.json").is_file():
         raise ModelRefError("no config.json in this directory", where=str(source), fix="Pass a complete HF model directory")
     final = cache_subdir("tokenizers") / _cache_key(source)
-    if (final / "tokenizer.json").is_file():
+    if _whole(final, "tokenizer.json"):
         return final
     custom = custom_code(source).get("AutoTokenizer")
     if custom and not trust_remote_code:
@@ -341,7 +358,7 @@ def _slow_tokenizer_converted(ref: ModelRef, *, trust_remote_code: bool) -> Path
             fix="Pass --trust-remote-code if you trust that code, or add a tokenizer.json to the directory",
         )
     with _converting(
-        final.parent,
+        final,
         where=str(source),
         failure="could not load its tokenizer",
         fix="Check the tokenizer files; pass --trust-remote-code only if you trust the repository's code",

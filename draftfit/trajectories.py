@@ -7,9 +7,9 @@ from (see :mod:`draftfit.engines.base`). The set is saved as a ``datasets`` data
 parameters, engine and version, dtype, top-K). A later run with the same key loads it and builds
 no engine at all, so adding a candidate costs only that candidate's scoring.
 
-Cache entries are written into a temporary directory and renamed into place; a manifest with the
-SHA-256 of every file is written last, and an entry whose manifest is missing or does not match
-its files (a crash, a truncated copy) is rebuilt.
+Cache entries are :mod:`draftfit.cachedir` directories: written into a temporary directory and
+renamed into place, with a manifest of the SHA-256 of every file written last; an entry whose
+manifest is missing or does not match its files (a crash, a truncated copy) is rebuilt.
 
 The helpers :func:`save_entry` / :func:`load_entry` are shared with :mod:`draftfit.scoring`.
 """
@@ -19,9 +19,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import os
 import shutil
-import tempfile
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -30,7 +28,8 @@ from typing import Any
 
 import numpy as np
 
-from draftfit import __version__
+from draftfit import __version__, cachedir
+from draftfit.cachedir import MANIFEST  # noqa: F401 - re-exported: the name tests and tools use
 from draftfit.engines import EngineConfig, SamplingSpec, Trajectory
 from draftfit.engines.base import Engine
 from draftfit.paths import cache_dir
@@ -39,7 +38,6 @@ from draftfit.refs import ModelRef, fingerprint
 log = logging.getLogger(__name__)
 
 SCHEMA_VERSION = 1
-MANIFEST = "draftfit-manifest.json"
 EngineFactory = Callable[[ModelRef], Engine]
 
 
@@ -84,18 +82,6 @@ def trajectory_fields(
 # the cache store: one datasets directory + a manifest written last
 
 
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
-def _files(directory: Path) -> list[Path]:
-    return sorted(p for p in directory.rglob("*") if p.is_file() and p.name != MANIFEST)
-
-
 def save_entry(final: Path, columns: dict[str, Any], meta: dict[str, Any]) -> Path:
     """Write ``columns`` (name -> pyarrow array) as a datasets dataset at ``final``, atomically."""
     import datasets
@@ -106,8 +92,7 @@ def save_entry(final: Path, columns: dict[str, Any], meta: dict[str, Any]) -> Pa
         enable_progress_bars,
     )
 
-    final.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=final.parent, prefix=f".{final.name}.tmp-"))
+    tmp = cachedir.temp_dir(final)
     try:
         table = pa.table(columns)
         quiet = not are_progress_bars_disabled()
@@ -118,55 +103,20 @@ def save_entry(final: Path, columns: dict[str, Any], meta: dict[str, Any]) -> Pa
         finally:
             if quiet:
                 enable_progress_bars()
-        manifest = {
-            **meta,
-            "rows": table.num_rows,
-            "draftfit": __version__,
-            "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-            "files": {str(p.relative_to(tmp)): _sha256(p) for p in _files(tmp)},
-        }
-        with open(tmp / MANIFEST, "w", encoding="utf-8") as handle:  # last: marks the entry complete
-            json.dump(manifest, handle, indent=2, default=str)
-            handle.flush()
-            os.fsync(handle.fileno())
-        _discard(final)
-        try:
-            os.rename(tmp, final)
-        except OSError:
-            # someone else finished the same entry first: keep theirs if it is sound
-            if load_entry(final) is None:
-                raise
-            shutil.rmtree(tmp, ignore_errors=True)
+        cachedir.write_manifest(tmp, {**meta, "rows": table.num_rows, "draftfit": __version__})  # last: marks the entry whole
+        cachedir.publish(tmp, final)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return final
 
 
-def _discard(path: Path) -> None:
-    if not path.exists():
-        return
-    stale = path.with_name(f".{path.name}.stale-{os.getpid()}-{time.monotonic_ns()}")
-    try:
-        os.rename(path, stale)
-    except OSError:
-        return
-    shutil.rmtree(stale, ignore_errors=True)
-
-
 def load_entry(path: Path):
     """``(pyarrow table, manifest)`` of a sound cache entry, else ``None`` (missing or damaged)."""
-    manifest_path = path / MANIFEST
-    if not manifest_path.is_file():
-        if path.exists():
-            log.warning("cache entry %s has no manifest (an interrupted write); rebuilding it", path)
+    manifest = cachedir.verified(path)
+    if manifest is None:
         return None
     try:
-        manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
-        files = manifest["files"]
-        present = {str(p.relative_to(path)) for p in _files(path)}
-        if present != set(files) or any(_sha256(path / name) != digest for name, digest in files.items()):
-            raise ValueError("file checksums do not match the manifest")
         import datasets
 
         table = datasets.load_from_disk(str(path / "data")).data.table

@@ -60,6 +60,7 @@ from draftfit import results as results_mod
 from draftfit.acceptance import select_rule
 from draftfit.candidates import HEADS, Candidate, StudySettings, load_candidate
 from draftfit.errors import DraftfitError
+from draftfit.faults import fault_point
 from draftfit.io import atomic_write_json, atomic_write_text
 from draftfit.metrics import SpecCounts
 
@@ -1083,6 +1084,7 @@ class VerifyRun:
                 new.append(entry)
             timings["wall"] = time.perf_counter() - wall
             self._save(results, new, notes)  # keep what was measured if a later engine is interrupted
+            fault_point("verify-config")
         self.report_path = self._render(results)
         return results, new
 

@@ -315,9 +315,31 @@ def test_ranking_lists_every_config_with_speedup_at_each_level(example, example_
         assert f"× @{level}" in section
 
 
-def test_not_measured_yet(example_html):
-    section = example_html.split('id="measured"')[1].split("</section>")[0]
+def without_measured(results: Results) -> Results:
+    """The results as `rank` wrote them, before `draftfit verify` added measurements."""
+    data = results.model_dump(mode="json")
+    data["measured"] = []
+    data["provenance"].pop("verify", None)
+    for config in data["configs"]:
+        for level in config["per_concurrency"]:
+            for key in [k for k in level if k.endswith("_measured")]:
+                del level[key]
+    return Results.model_validate(data)
+
+
+def test_not_measured_yet(example):
+    html = render_html(without_measured(example), results_path="reports/example/results.json")
+    section = html.split('id="measured"')[1].split("</section>")[0]
     assert "Not measured yet — run <code>draftfit verify reports/example/results.json</code>" in section
+
+
+def test_the_example_shows_what_verify_measured(example, example_html):
+    assert example.measured, "reports/example was verified (draftfit verify --top 3)"
+    section = example_html.split('id="measured"')[1].split("</section>")[0]
+    assert "Not measured yet" not in section and "no speculation (baseline)" in section
+    for entry in example.measured:
+        if entry["candidate"] is not None:
+            assert f"{entry['candidate']} k={entry['k']}" in section
 
 
 def test_measured_section_when_verify_has_run(example, measured_html):

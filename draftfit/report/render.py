@@ -194,13 +194,14 @@ def _draft_label(draft: dict[str, Any]) -> str:
 def _tokenizers(results: Results) -> list[dict[str, Any]]:
     checks = {c.get("candidate"): c for c in results.checks}
     skipped = {s.get("candidate"): s.get("reason") for s in results.skipped}
+    failed = {f.get("candidate"): f for f in results.failed}
     rows = []
     for cand in results.candidates:
         name = cand.get("name")
         draft = cand.get("draft") or {}
         method = draft.get("method")
         check = checks.get(name)
-        row = {"candidate": name, "method": method, "draft": _draft_label(draft), "skipped": skipped.get(name), "check": check,
+        row = {"candidate": name, "method": method, "draft": _draft_label(draft), "skipped": skipped.get(name), "failed": failed.get(name), "check": check,
                "verdict": None, "summary": None, "engines": [], "by_engine": {}, "full": False}
         if check is None:
             if method in ("ngram", "suffix"):
@@ -298,8 +299,12 @@ def _warnings(results: Results) -> dict[str, Any]:
     failed = []
     for f in results.failed:
         what = f.get("candidate") or f.get("name") or ""
-        why = f.get("reason") or f.get("message") or f.get("error") or ", ".join(f"{k}={v}" for k, v in f.items() if k != "candidate")
-        failed.append({"candidate": what, "reason": why})
+        knobs = f.get("knobs") if isinstance(f.get("knobs"), dict) else {}
+        if knobs:  # the engine's message here, the knobs as a list below it
+            why = f"the draft's engine {f.get('kind', 'failed')} during {f.get('stage', 'the run')}: {f.get('error', '')}"
+        else:
+            why = f.get("reason") or f.get("message") or f.get("error") or ", ".join(f"{k}={v}" for k, v in f.items() if k != "candidate")
+        failed.append({"candidate": what, "reason": why, "knobs": {k: v for k, v in knobs.items() if isinstance(v, dict)}})
     items = {
         "run": list(results.warnings), "skipped": list(results.skipped), "failed": failed,
         "dropped": dropped[:MAX_DROPPED_ROWS], "dropped_total": len(dropped), "dropped_reasons": reasons,

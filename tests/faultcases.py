@@ -1,0 +1,267 @@
+"""Fault-injection cases for `draftfit rank`, shared by tests/test_faults.py and
+benchmarks/fault_injection.py.
+
+A case injects ``DRAFTFIT_FAULT=<stage>:<mode>`` into a small real `rank` (the embedded SmolLM2
+target, 4 prompts × 16 tokens, candidates: prompt lookup and the target's first 4 layers, quick
+profile plan), checks that it failed and left nothing half-written, runs it again without the fault
+and compares what the restart decided with an uninterrupted run on the same cache.
+
+All runs share one cache. Before a case, the cache entries of the stages the case must redo are
+removed (trajectories, draft scores), so the faulted run really computes them and the restart
+really reuses them. Measured step profiles are never removed: a profile measured again is a new
+measurement (other timings, other predicted speedups), so an interrupted run can only give the
+clean run's results if the profile it reuses is the clean run's — which is what the cases show.
+``raise`` cases run in this process (engines counted); ``kill`` cases run
+``python -m draftfit rank`` in a subprocess that SIGKILLs itself and its engine processes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+SMALL = ["--sample-size", "4", "--max-tokens", "16", "--max-model-len", "512", "--concurrency", "1,4",
+         "--profile-plan", "quick"]
+CANDIDATES = {
+    "ngram-2-4.yaml": "name: ngram-2-4\ntarget: smollm2\ndraft: {method: ngram, prompt_lookup_min: 2, prompt_lookup_max: 4}\nk: [1, 2, 3]\n",
+    "early-exit-4.yaml": "name: early-exit-4\ntarget: smollm2\ndraft: {method: draft_model, derived: {first_layers: 4}}\nk: [1, 2, 3]\n",
+}
+# what a run decided: everything in results but timings, run ids, timestamps and the command line
+DECISIONS = ("candidates", "checks", "skipped", "failed", "configs", "ranking", "recommendation", "deploy")
+
+
+@dataclass(frozen=True)
+class FaultCase:
+    stage: str
+    mode: str  # "raise": in this process; "kill": a subprocess killed with SIGKILL
+    remove: tuple[str, ...] = ()  # cache entries removed first, so the faulted run computes them
+    faulted_engines: int = 0  # engines the faulted run starts (counted in-process only)
+    restart_engines: int = 0  # engines the restart must start (the stages after the fault)
+
+    @property
+    def id(self) -> str:
+        return f"{self.stage}:{self.mode}"
+
+
+CASES = (
+    FaultCase("trajectories", "raise", remove=("trajectories", "scores"), faulted_engines=1, restart_engines=1),
+    FaultCase("profile", "raise"),
+    FaultCase("scoring", "kill", remove=("scores",)),
+    FaultCase("predict", "raise"),
+    FaultCase("results", "kill"),
+    FaultCase("report", "raise"),
+)
+
+
+@dataclass
+class Outcome:
+    """One `rank` run: how it ended, what it wrote, which engines it started (in-process only)."""
+
+    ok: bool
+    ended: str  # "completed" | the fault's message | "killed (-9)" | the error output
+    data: dict[str, Any] | None
+    out_dir: Path
+    engines: list[str] | None = None  # model dirs engines were opened on (None: not counted)
+
+
+@dataclass
+class CaseResult:
+    case: FaultCase
+    faulted: Outcome
+    restart: Outcome
+    leftovers: list[str] = field(default_factory=list)  # temporary files/dirs found after the fault
+    written_after_fault: dict[str, bool] = field(default_factory=dict)
+    entries_after_fault: dict[str, list[bool]] = field(default_factory=dict)  # removed kind -> whole? per entry
+    orphans: list[int] = field(default_factory=list)  # engine processes that outlived the faulted run
+
+    @property
+    def reused(self) -> list[str]:
+        data = self.restart.data or {}
+        target = (data.get("targets") or [{}])[0]
+        stages = []
+        if (target.get("trajectories") or {}).get("from_cache"):
+            stages.append("trajectories")
+        if (target.get("profile") or {}).get("from_cache"):
+            stages.append("target profile")
+        started = self.restart.engines
+        if started is None:  # a subprocess: no engine time means no engine started
+            started = ["?"] * int("engine_startup" in (data.get("provenance") or {}).get("timings", {}))
+        if not started:
+            stages.append("draft scores and profile")
+        return stages
+
+
+def write_candidates(folder: Path) -> list[str]:
+    folder.mkdir(parents=True, exist_ok=True)
+    for name, text in CANDIDATES.items():
+        (folder / name).write_text(text)
+    return sorted(str(folder / name) for name in CANDIDATES)
+
+
+def fresh_cache(root: Path, seed: Path | None = None) -> Path:
+    """An empty draftfit cache; the converted GGUF of ``seed`` (another cache) is linked in, not redone."""
+    root.mkdir(parents=True, exist_ok=True)
+    if seed is not None and (seed / "gguf").is_dir() and not (root / "gguf").exists():
+        def link(src, dst):
+            try:
+                os.link(src, dst)
+            except OSError:
+                shutil.copy2(src, dst)
+
+        shutil.copytree(seed / "gguf", root / "gguf", copy_function=link,
+                        ignore=shutil.ignore_patterns(".*"))  # no temporary leftovers
+    return root
+
+
+def remove_entries(cache: Path, kinds: tuple[str, ...]) -> None:
+    for kind in kinds:
+        shutil.rmtree(cache / kind, ignore_errors=True)
+
+
+def leftovers(*roots: Path) -> list[str]:
+    """Temporary files and directories (atomic writes, cache entries being built) under ``roots``."""
+    found = []
+    for root in roots:
+        for path in Path(root).rglob(".*"):
+            if ".tmp" in path.name or ".stale-" in path.name:
+                found.append(str(path.relative_to(root)))
+    return sorted(found)
+
+
+def decisions(data: dict[str, Any]) -> dict[str, Any]:
+    """What a run decided, for comparing runs: timings, ids, timestamps and argv left out."""
+    out = {key: data.get(key) for key in DECISIONS}
+    out["trajectories"] = {k: data["targets"][0]["trajectories"][k] for k in ("key", "output_tokens", "prompts")}
+    return out
+
+
+@contextmanager
+def _env(**values: str | None):
+    saved = {key: os.environ.get(key) for key in values}
+    try:
+        for key, value in values.items():
+            _put(key, value)
+        yield
+    finally:
+        for key, value in saved.items():
+            _put(key, value)
+
+
+def _put(key: str, value: str | None) -> None:
+    if value is None:
+        os.environ.pop(key, None)
+    else:
+        os.environ[key] = value
+
+
+@contextmanager
+def counting_engines():
+    """Record the model directory of every engine opened in this process."""
+    import draftfit.engines as engines
+
+    opened: list[str] = []
+    real = engines.open_engine
+
+    def spy(model_dir, config=None):
+        opened.append(str(model_dir))
+        return real(model_dir, config)
+
+    engines.open_engine = spy
+    try:
+        yield opened
+    finally:
+        engines.open_engine = real
+
+
+def rank_in_process(candidates: list[str], reports: Path, run_id: str, cache: Path, fault: str | None = None,
+                    extra: list[str] = ()) -> Outcome:
+    from click.testing import CliRunner
+
+    from draftfit import faults
+    from draftfit.cli import cli
+
+    faults.reset()
+    args = ["rank", *candidates, *SMALL, *extra, "--reports-dir", str(reports), "--run-id", run_id]
+    with _env(DRAFTFIT_CACHE=str(cache), DRAFTFIT_FAULT=fault, HF_HUB_OFFLINE="1"), counting_engines() as opened:
+        try:
+            result = CliRunner().invoke(cli, args)
+        except faults.InjectedFault as exc:
+            return Outcome(False, str(exc), _read(reports / run_id), reports / run_id, list(opened))
+    ok = result.exit_code == 0
+    ended = "completed" if ok else (result.output.strip().splitlines() or [repr(result.exception)])[-1]
+    return Outcome(ok, ended, _read(reports / run_id), reports / run_id, list(opened))
+
+
+def rank_subprocess(candidates: list[str], reports: Path, run_id: str, cache: Path, fault: str | None = None) -> Outcome:
+    env = {**os.environ, "DRAFTFIT_CACHE": str(cache), "HF_HUB_OFFLINE": "1"}
+    env.pop("DRAFTFIT_FAULT", None)
+    if fault:
+        env["DRAFTFIT_FAULT"] = fault
+    args = [sys.executable, "-m", "draftfit", "rank", *candidates, *SMALL, "--reports-dir", str(reports), "--run-id", run_id]
+    proc = subprocess.run(args, cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
+    ok = proc.returncode == 0
+    if ok:
+        ended = "completed"
+    elif proc.returncode < 0:
+        ended = f"killed ({proc.returncode})"
+    else:
+        ended = (proc.stderr.strip().splitlines() or [f"exit {proc.returncode}"])[-1]
+    return Outcome(ok, ended, _read(reports / run_id), reports / run_id, None)
+
+
+def _read(out_dir: Path) -> dict[str, Any] | None:
+    path = out_dir / "results.json"
+    return json.loads(path.read_text()) if path.is_file() else None
+
+
+def clean_run(candidates: list[str], reports: Path, cache: Path) -> Outcome:
+    return rank_in_process(candidates, reports, "clean", cache)
+
+
+def run_case(case: FaultCase, candidates: list[str], reports: Path, cache: Path) -> CaseResult:
+    """Inject the fault, then run again without it (same run id, same cache)."""
+    remove_entries(cache, case.remove)
+    run_id = f"fault-{case.stage}-{case.mode}"
+    fault = f"{case.stage}:{case.mode}"
+    runner = rank_in_process if case.mode == "raise" else rank_subprocess
+    started = time.time()
+    faulted = runner(candidates, reports, run_id, cache, fault)
+    orphans = orphan_engines(since=started)
+    left = leftovers(cache, reports)
+    written = {name: (reports / run_id / name).is_file() for name in ("results.json", "results.csv", "report.html")}
+    entries = {kind: [_whole(entry) for entry in sorted((cache / kind).glob("[!.]*"))] for kind in case.remove}
+    restart = runner(candidates, reports, run_id, cache)
+    return CaseResult(case, faulted, restart, left, written, entries, orphans)
+
+
+def orphan_engines(since: float) -> list[int]:
+    """vLLM engine processes started after ``since`` whose parent is gone (re-parented to init)."""
+    import psutil
+
+    time.sleep(1.0)  # a killed parent's children are re-parented within moments
+    found = []
+    for proc in psutil.process_iter(["name", "cmdline", "create_time", "ppid"]):
+        info = proc.info
+        named = (info["name"] or "").startswith("VLLM") or any("VLLM::" in part for part in info["cmdline"] or [])
+        if named and (info["create_time"] or 0) >= since and info["ppid"] == 1:
+            found.append(proc.pid)
+    return found
+
+
+def _whole(entry: Path) -> bool:
+    from draftfit import cachedir
+
+    try:
+        cachedir.check_manifest(entry)
+    except cachedir.DamagedEntry:
+        return False
+    return True
