@@ -98,6 +98,8 @@ def rank(candidate_files, study_file, reports_dir, run_id, gpu_catalog, profile_
         results, out_dir = run.run()
     for skipped in results.skipped:
         click.echo(f"skipped {skipped['candidate']}: {skipped['reason']}")
+    for failed in results.failed:
+        click.echo(f"failed {failed['candidate']}: {failed.get('reason') or failed.get('error')}", err=True)
     click.echo("")
     click.echo(f"Ranking at concurrency {study.primary_concurrency} (× = predicted speedup vs. no speculation at each "
                f"concurrency; latency source: {study.latency_source}; * = Pareto front of speedup vs. extra VRAM)")
