@@ -243,18 +243,25 @@ def run_case(case: FaultCase, candidates: list[str], reports: Path, cache: Path)
     return CaseResult(case, faulted, restart, left, written, entries, orphans)
 
 
-def orphan_engines(since: float) -> list[int]:
-    """vLLM engine processes started after ``since`` whose parent is gone (re-parented to init)."""
+def orphan_engines(since: float, wait_s: float = 15.0) -> list[int]:
+    """vLLM engine processes started after ``since`` whose parent is gone (re-parented to init)
+    and that still run. A killed process stays in the table as a zombie until init reaps it: it
+    holds no memory and is not counted. SIGKILL is delivered asynchronously, so this waits up to
+    ``wait_s`` for the killed engines to go."""
     import psutil
 
-    time.sleep(1.0)  # a killed parent's children are re-parented within moments
-    found = []
-    for proc in psutil.process_iter(["name", "cmdline", "create_time", "ppid"]):
-        info = proc.info
-        named = (info["name"] or "").startswith("VLLM") or any("VLLM::" in part for part in info["cmdline"] or [])
-        if named and (info["create_time"] or 0) >= since and info["ppid"] == 1:
-            found.append(proc.pid)
-    return found
+    deadline = time.monotonic() + wait_s
+    while True:
+        found = []
+        for proc in psutil.process_iter(["name", "cmdline", "create_time", "ppid", "status"]):
+            info = proc.info
+            named = (info["name"] or "").startswith("VLLM") or any("VLLM::" in part for part in info["cmdline"] or [])
+            alive = info["status"] not in (psutil.STATUS_ZOMBIE, psutil.STATUS_DEAD)
+            if named and alive and (info["create_time"] or 0) >= since and info["ppid"] == 1:
+                found.append(proc.pid)
+        if not found or time.monotonic() >= deadline:
+            return found
+        time.sleep(0.5)
 
 
 def _whole(entry: Path) -> bool:

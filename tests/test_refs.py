@@ -98,13 +98,18 @@ def test_bad_references_raise_one_line_with_fix(tmp_path, monkeypatch, case, cal
 
 
 @pytest.mark.slow
-def test_embedded_metadata_has_no_weights_and_is_cached(smollm2_ref, smollm2_meta):
-    files = {p.name for p in smollm2_meta.iterdir()}
+def test_embedded_metadata_has_no_weights_and_is_cached(smollm2_ref, tmp_path, monkeypatch):
+    # a cache of its own: the session cache may already hold the converted weights, which
+    # metadata_dir then serves instead of converting the metadata alone
+    monkeypatch.setenv("DRAFTFIT_CACHE", str(tmp_path))
+    meta = metadata_dir(smollm2_ref)
+    assert meta.is_relative_to(tmp_path) and meta.name == "meta"
+    files = {p.name for p in meta.iterdir()}
     assert {"tokenizer.json", "config.json", "tokenizer_config.json"} <= files
     assert not any(name.endswith((".safetensors", ".bin")) for name in files)
-    config = json.loads((smollm2_meta / "config.json").read_text())
+    config = json.loads((meta / "config.json").read_text())
     assert config["vocab_size"] == 49152 and config["num_hidden_layers"] == 30
-    assert metadata_dir(smollm2_ref) == smollm2_meta  # second call: the cached conversion
+    assert metadata_dir(smollm2_ref) == meta  # second call: the cached conversion
 
 
 @pytest.mark.slow
