@@ -186,14 +186,20 @@ class ModelDraftCost:
     def source(self) -> str:
         return self.step.source
 
+    def _first_pass(self, ks: np.ndarray, batch: np.ndarray, context_len: float) -> tuple[np.ndarray, np.ndarray]:
+        """``[k, B]`` tokens and KV tokens of the first draft pass (see the class doc)."""
+        k = np.asarray(ks, float)[:, None]
+        b = np.asarray(batch, float)[None, :]
+        tokens = b * (k + 1) if self.padded_first_pass else b
+        shape = (k.shape[0], b.shape[1])
+        return np.broadcast_to(tokens, shape), np.broadcast_to(b * context_len, shape)
+
     def draft_time(self, ks: np.ndarray, batch: np.ndarray, context_len: float) -> np.ndarray:
         k = np.asarray(ks, float)[:, None]
         b = np.asarray(batch, float)[None, :]
-        kv = b * context_len
-        first_tokens = b * (k + 1) if self.padded_first_pass else b
-        first = self.step.step_time(first_tokens, kv)
-        rest = (k - 1) * self.step.step_time(b, kv)
-        return first + rest
+        first_tokens, kv = self._first_pass(ks, batch, context_len)
+        rest = (k - 1) * self.step.step_time(b, b * context_len)
+        return self.step.step_time(first_tokens, kv) + rest
 
     def off_time(self, batch: np.ndarray, context_len: float) -> np.ndarray:
         """Cost while a per-batch-size schedule has k = 0: vLLM still runs the draft's first pass
@@ -203,10 +209,7 @@ class ModelDraftCost:
 
     def prefill_time(self, ks: np.ndarray, batch: np.ndarray, context_len: float, prompt_len: float) -> np.ndarray:
         """``[k, B]``: what one new prompt of ``prompt_len`` tokens adds to the draft's first pass."""
-        k = np.asarray(ks, float)[:, None]
-        b = np.asarray(batch, float)[None, :]
-        first = b * (k + 1) if self.padded_first_pass else b + 0 * k
-        kv = b * context_len + 0 * k
+        first, kv = self._first_pass(ks, batch, context_len)
         return self.step.step_time(first + prompt_len, kv + prompt_len) - self.step.step_time(first, kv)
 
     def to_dict(self) -> dict[str, Any]:

@@ -59,6 +59,7 @@ import numpy as np
 from draftfit import results as results_mod
 from draftfit.acceptance import select_rule
 from draftfit.candidates import HEADS, Candidate, StudySettings, load_candidate
+from draftfit.engines import EngineConfig
 from draftfit.errors import DraftfitError
 from draftfit.faults import fault_point
 from draftfit.io import atomic_write_json, atomic_write_text
@@ -658,23 +659,6 @@ def _read_counts() -> SpecCounts | None:
 
 
 @dataclass
-class EngineOptions:
-    """How verify builds each engine (the study's engine settings by default)."""
-
-    dtype: str = "bfloat16"
-    max_model_len: int = 2048
-    gpu_memory_utilization: float = 0.25
-    tensor_parallel_size: int = 1
-    seed: int = 0
-    enforce_eager: bool = True
-    debug: bool = False
-    trust_remote_code: bool = False
-
-    def to_dict(self) -> dict[str, Any]:
-        return dict(self.__dict__)
-
-
-@dataclass
 class RunPlan:
     """What every engine runs: prompts (token ids), sampling, levels and bounds."""
 
@@ -814,7 +798,7 @@ def _diff(after: SpecCounts | None, before: SpecCounts | None) -> SpecCounts | N
     return after - before if before is not None else after
 
 
-async def _measure_engine(config: VerifyConfig, target_dir: Path, plan: RunPlan, options: EngineOptions,
+async def _measure_engine(config: VerifyConfig, target_dir: Path, plan: RunPlan, options: EngineConfig,
                           progress: Progress, run: EngineRun) -> None:
     from draftfit.engines.vllm_engine import child_pids, import_vllm, reap_processes
 
@@ -904,7 +888,7 @@ def _run_async(factory: Callable[[], Any]) -> None:
         raise errors[0]
 
 
-def measure_config(config: VerifyConfig, target_dir: Path, plan: RunPlan, options: EngineOptions,
+def measure_config(config: VerifyConfig, target_dir: Path, plan: RunPlan, options: EngineConfig,
                    progress: Progress = lambda message: None) -> EngineRun:
     """Start one engine for ``config``, run every concurrency level of ``plan``, stop the engine."""
     run = EngineRun(config, [])
@@ -1037,7 +1021,7 @@ class VerifyRun:
         prompts = [list(item.input_ids) for item in sample.items]
         requests = int(self.requests or len(prompts))
         plan = RunPlan(prompts, study.temperature, study.top_p, study.max_tokens, study.seed, levels, requests, float(self.timeout_s))
-        options = EngineOptions(
+        options = EngineConfig(
             dtype=study.dtype, max_model_len=study.max_model_len,
             gpu_memory_utilization=float(self.gpu_memory_utilization or study.engine_memory_utilization),
             tensor_parallel_size=study.tensor_parallel_size, seed=study.seed, debug=self.debug,
