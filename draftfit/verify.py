@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import hashlib
 import json
 import logging
 import os
@@ -420,8 +421,13 @@ def relative_error(predicted: float | None, measured: float | None) -> float | N
     return (float(predicted) - float(measured)) / float(measured)
 
 
-def predicted_level(results: results_mod.Results, candidate: str | None, k: int | None, concurrency: int) -> dict[str, Any] | None:
-    """The predictions `rank` made for (candidate, k) at ``concurrency`` (the baseline: its ITL), or None."""
+def predicted_level(results: results_mod.Results, candidate: str | None, k: int | None, concurrency: int,
+                    prompts_sent: int | None = None) -> dict[str, Any] | None:
+    """The predictions `rank` made for (candidate, k) at ``concurrency`` (the baseline: its ITL), or None.
+
+    ``prompts_sent``: verify sent only the first that many sampled prompts; the acceptance is then
+    predicted for those prompts (:func:`for_prompts`), so it is compared with the same text.
+    """
     for config in results.configs:
         if candidate is not None and (config["candidate"], config["k"]) != (candidate, k):
             continue
@@ -430,7 +436,7 @@ def predicted_level(results: results_mod.Results, candidate: str | None, k: int 
                 continue
             if candidate is None:
                 return {"itl_ms_predicted": level["itl_base_ms_predicted"], "latency_source": level.get("latency_source")}
-            return {
+            predicted = {
                 "rule": config.get("rule"),
                 "exact": config.get("exact"),
                 "al_predicted": level["al_predicted"],
@@ -444,7 +450,53 @@ def predicted_level(results: results_mod.Results, candidate: str | None, k: int 
                 "tok_s_aggregate_predicted": level["tok_s_aggregate_predicted"],
                 "latency_source": level.get("latency_source"),
             }
+            return for_prompts(predicted, config, level, prompts_sent)
     return None
+
+
+def _al_and_tokens_per_step(drafts: np.ndarray, accepted: np.ndarray, answers: np.ndarray) -> tuple[float, float]:
+    """vLLM's AL and the tokens per decode step over all steps (as rank.decode_steps) of some prompts."""
+    emitted = np.maximum(answers - 1.0, 0.0)
+    steps = float(np.sum(drafts + np.maximum(emitted - drafts - accepted, 0.0)))
+    al = 1.0 + float(accepted.sum()) / float(drafts.sum()) if drafts.sum() > 0 else 1.0
+    return al, (float(emitted.sum()) / steps if steps > 0 else 1.0)
+
+
+def for_prompts(predicted: dict[str, Any], config: dict[str, Any], level: dict[str, Any], prompts_sent: int | None) -> dict[str, Any]:
+    """The prediction restricted to the first ``prompts_sent`` prompts of the sample.
+
+    AL comes from those prompts' own predicted counters (exact at temperature 0; otherwise the
+    full sample's point scaled by the subset's ratio). The speedup keeps the predicted step
+    time and prefill stall and divides the decode part of the ITL by the subset's tokens per
+    step: ITL = (ITL_spec − stall) · per_step_all / per_step_subset + stall. Unchanged when every
+    prompt was sent or the results hold no per-prompt counters (older results).
+    """
+    per_prompt = config.get("per_prompt_predicted") or {}
+    drafts = np.asarray(per_prompt.get("num_drafts") or [], float)
+    n = drafts.size
+    if not prompts_sent or not n or prompts_sent >= n:
+        return predicted
+    accepted = np.asarray(per_prompt["num_accepted_tokens"], float)
+    answers = np.asarray(per_prompt["answer_tokens"], float)
+    al_all, step_all = _al_and_tokens_per_step(drafts, accepted, answers)
+    al_sub, step_sub = _al_and_tokens_per_step(drafts[:prompts_sent], accepted[:prompts_sent], answers[:prompts_sent])
+    out = dict(predicted)
+    out["prompts_predicted"] = int(prompts_sent)
+    out["al_predicted_all_prompts"] = predicted["al_predicted"]
+    out["speedup_predicted_all_prompts"] = predicted["speedup_predicted"]
+    ratio = al_sub / al_all
+    for key in ("al_predicted", "al_ci_low", "al_ci_high", "al_bound_low", "al_bound_high"):
+        out[key] = max(1.0, predicted[key] * ratio)
+    draft_tokens = np.asarray(per_prompt.get("num_draft_tokens") or [], float)[:prompts_sent]
+    if draft_tokens.size and draft_tokens.sum() > 0:
+        out["acceptance_rate_predicted"] = float(accepted[:prompts_sent].sum() / draft_tokens.sum())
+    stall = float(level.get("prefill_stall_spec_ms_predicted") or 0.0)
+    itl = (predicted["itl_ms_predicted"] - stall) * step_all / step_sub + stall
+    scale = predicted["itl_ms_predicted"] / itl
+    out["itl_ms_predicted"] = itl
+    for key in ("speedup_predicted", "speedup_ci_low", "speedup_ci_high", "tok_s_aggregate_predicted"):
+        out[key] = predicted[key] * scale
+    return out
 
 
 def compare(entry: dict[str, Any], predicted: dict[str, Any] | None, baseline: dict[str, Any] | None, *,
@@ -488,7 +540,7 @@ def recompare(results: results_mod.Results, measured: Sequence[dict[str, Any]], 
     out = []
     for entry in measured:
         entry = dict(entry)
-        predicted = predicted_level(results, entry.get("candidate"), entry.get("k"), entry["concurrency"])
+        predicted = predicted_level(results, entry.get("candidate"), entry.get("k"), entry["concurrency"], entry.get("prompts_sent"))
         baseline = baselines.get(entry["concurrency"]) if entry.get("candidate") is not None else None
         out.append(compare(entry, predicted, baseline, draft_is_target=bool(entry.get("draft_is_target")), rule=rule,
                            temperature=study.temperature, device=device))
@@ -800,14 +852,14 @@ def _diff(after: SpecCounts | None, before: SpecCounts | None) -> SpecCounts | N
 
 async def _measure_engine(config: VerifyConfig, target_dir: Path, plan: RunPlan, options: EngineConfig,
                           progress: Progress, run: EngineRun) -> None:
-    from draftfit.engines.vllm_engine import child_pids, import_vllm, reap_processes
+    from draftfit.engines.vllm_engine import child_pids, import_vllm, memory_kwargs, reap_processes
 
     import_vllm(options.debug)
     from vllm.engine.arg_utils import AsyncEngineArgs
     from vllm.v1.engine.async_llm import AsyncLLM
 
     kwargs: dict[str, Any] = {
-        "model": str(target_dir), "dtype": options.dtype, "gpu_memory_utilization": float(options.gpu_memory_utilization),
+        "model": str(target_dir), "dtype": options.dtype, **memory_kwargs(options.gpu_memory_utilization),
         "max_model_len": int(options.max_model_len), "enforce_eager": bool(options.enforce_eager), "seed": int(options.seed),
         "tensor_parallel_size": int(options.tensor_parallel_size), "disable_log_stats": False,
         "trust_remote_code": bool(options.trust_remote_code),
@@ -934,6 +986,26 @@ def entries_of(run: EngineRun, verify_id: str, levels: Sequence[int]) -> list[di
     return entries
 
 
+def plan_key(prompts_hash: str, plan: RunPlan, options: EngineConfig, vllm_version: str | None, device: str) -> str:
+    """What makes two verify runs measure the same thing (prompts, sampling, levels, bounds,
+    engine settings, vLLM, device); the configurations themselves are not part of it."""
+    engine = {k: v for k, v in options.to_dict().items() if k != "debug"}
+    raw = json.dumps({
+        "prompts_hash": prompts_hash, "temperature": plan.temperature, "top_p": plan.top_p, "max_tokens": plan.max_tokens,
+        "seed": plan.seed, "levels": list(plan.levels), "requests": plan.requests, "timeout_s": plan.timeout_s,
+        "engine": engine, "vllm": vllm_version, "device": device,
+    }, sort_keys=True, default=str)
+    return hashlib.sha256(raw.encode()).hexdigest()[:16]
+
+
+def unfinished_run(results: results_mod.Results, key: str) -> dict[str, Any] | None:
+    """The provenance record of the last verify run if it was interrupted and measured the same plan."""
+    runs = [r for r in results.provenance.get("verify") or [] if isinstance(r, dict)]
+    if runs and runs[-1].get("status") == "running" and runs[-1].get("plan_key") == key:
+        return runs[-1]
+    return None
+
+
 def _finite(obj: Any) -> Any:
     """NaN/inf → None, so results.json stays strict JSON."""
     if isinstance(obj, float):
@@ -984,6 +1056,7 @@ class VerifyRun:
     report_path: Path | None = None  # report.html re-rendered after the run
     trust_remote_code: bool = False  # let model repositories run their own code
     show_prompts: bool = False  # prompt text in warnings (off: row numbers and a hash only)
+    resume: bool = True  # keep what an interrupted verify of the same plan measured
 
     def plan(self):
         """Load the results and work out what will run (no engine): (results, study, configs, levels, requests)."""
@@ -1027,7 +1100,6 @@ class VerifyRun:
             tensor_parallel_size=study.tensor_parallel_size, seed=study.seed, debug=self.debug,
             trust_remote_code=self.trust_remote_code,
         )
-        verify_id = results_mod.new_run_id()
         device = _device()
         rule = select_rule(study.temperature, study.draft_sample_method)
         notes = []
@@ -1040,35 +1112,53 @@ class VerifyRun:
                          "see mean_in_flight_measured (raise --requests)")
         if requests > len(prompts):
             notes.append(f"verify: {requests} requests cycle over {len(prompts)} prompts; repeated prompts hit the prefix cache (TTFT is optimistic)")
-        timings = {"engine_startup": 0.0, "runs": 0.0, "engine_shutdown": 0.0}
-        record = {
-            "verify_id": verify_id, "kind": "measured", "command_line": " ".join(self.argv) if self.argv else None,
-            "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "device": device,
-            "engine": options.to_dict() | {"api": "vllm AsyncLLM (streaming, RequestOutputKind.DELTA)"},
-            "concurrency": list(levels), "requests_per_run": requests, "timeout_s": plan.timeout_s,
-            "prompts_hash": sample.prompts_hash, "timings": timings,
-            "configs": [c.label for c in configs],
-        }
-        provenance_runs = list(results.provenance.get("verify", []))
-        results.provenance["verify"] = provenance_runs + [record]
+        key = plan_key(sample.prompts_hash, plan, options, installed, device)
+        record = unfinished_run(results, key) if self.resume else None
+        if record is not None:
+            record["resumed"] = int(record.get("resumed") or 0) + 1
+            record["configs"] = list(dict.fromkeys([*record.get("configs", []), *(c.label for c in configs)]))
+        else:
+            record = {
+                "verify_id": results_mod.new_run_id(), "kind": "measured", "status": "running", "plan_key": key,
+                "command_line": " ".join(self.argv) if self.argv else None,
+                "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "device": device,
+                "engine": options.to_dict() | {"api": "vllm AsyncLLM (streaming, RequestOutputKind.DELTA)"},
+                "concurrency": list(levels), "requests_per_run": requests, "timeout_s": plan.timeout_s,
+                "prompts_hash": sample.prompts_hash,
+                "timings": {"engine_startup": 0.0, "runs": 0.0, "engine_shutdown": 0.0},
+                "configs": [c.label for c in configs],
+            }
+            results.provenance["verify"] = [*results.provenance.get("verify", []), record]
+        verify_id, timings = record["verify_id"], record["timings"]
+        spent = float(timings.get("wall") or 0.0)
+        earlier = {entry_key(e): e for e in results.measured if e.get("verify_id") == verify_id}
         new: list[dict[str, Any]] = []
         baseline_by_level: dict[int, dict] = {}
         for config in [BASELINE, *configs]:
-            run = measure_config(config, target_dir, plan, options, self.progress)
-            timings["engine_startup"] += run.startup_s
-            timings["engine_shutdown"] += run.shutdown_s
-            timings["runs"] += sum(level.wall_s for level in run.levels)
-            for entry in entries_of(run, verify_id, levels):
-                predicted = predicted_level(results, config.candidate, config.k, entry["concurrency"])
-                baseline = baseline_by_level.get(entry["concurrency"]) if config.candidate is not None else None
-                compare(entry, predicted, baseline, draft_is_target=config.draft_is_target, rule=rule,
-                        temperature=study.temperature, device=device)
-                if config.candidate is None:
-                    baseline_by_level[entry["concurrency"]] = entry
-                new.append(entry)
-            timings["wall"] = time.perf_counter() - wall
+            reused = [earlier.get((config.candidate, config.k, int(level))) for level in levels]
+            if all(e is not None and not e.get("engine_failed") for e in reused):
+                self.progress(f"{config.label}: measured before the interruption (verify {verify_id}); kept")
+                entries = reused
+            else:
+                run = measure_config(config, target_dir, plan, options, self.progress)
+                timings["engine_startup"] += run.startup_s
+                timings["engine_shutdown"] += run.shutdown_s
+                timings["runs"] += sum(level.wall_s for level in run.levels)
+                entries = entries_of(run, verify_id, levels)
+                for entry in entries:
+                    entry["prompts_sent"] = min(plan.requests, len(plan.prompts))
+                    predicted = predicted_level(results, config.candidate, config.k, entry["concurrency"], entry["prompts_sent"])
+                    baseline = baseline_by_level.get(entry["concurrency"]) if config.candidate is not None else None
+                    compare(entry, predicted, baseline, draft_is_target=config.draft_is_target, rule=rule,
+                            temperature=study.temperature, device=device)
+            if config.candidate is None:
+                baseline_by_level.update({entry["concurrency"]: entry for entry in entries})
+            new.extend(entries)
+            timings["wall"] = spent + time.perf_counter() - wall
             self._save(results, new, notes)  # keep what was measured if a later engine is interrupted
             fault_point("verify-config")
+        record["status"] = "complete"
+        self._save(results, new, notes)
         self.report_path = self._render(results)
         return results, new
 
@@ -1130,6 +1220,10 @@ def format_summary(measured: Sequence[dict[str, Any]], verify_id: str | None = N
             f"{_fmt(e.get('itl_ms_predicted'), '.1f'):>8} {itl_text:>18} {_fmt((e.get('ttft_ms_measured') or {}).get('p50'), '.0f'):>8} "
             f"{_fmt(e.get('output_tok_s_measured'), '.1f'):>7}  {','.join(e.get('flags', [])) or '-'}"
         )
+    subsets = {e["prompts_predicted"] for e in rows if e.get("prompts_predicted")}
+    if subsets:
+        lines.append(f"predictions cover the {', '.join(map(str, sorted(subsets)))} prompts sent (the first of the sample), "
+                     "as the measurements do; results.json keeps the whole sample's as *_all_prompts")
     faults = [e for e in rows if e.get("engine_fault")]
     if faults:
         lines.append("")

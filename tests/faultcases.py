@@ -201,20 +201,23 @@ def rank_in_process(candidates: list[str], reports: Path, run_id: str, cache: Pa
     return Outcome(ok, ended, _read(reports / run_id), reports / run_id, list(opened))
 
 
-def rank_subprocess(candidates: list[str], reports: Path, run_id: str, cache: Path, fault: str | None = None) -> Outcome:
+def draftfit_subprocess(args: list[str], cache: Path, fault: str | None = None, timeout: float = 900) -> tuple[bool, str]:
+    """``python -m draftfit ARGS`` on ``cache`` with ``fault`` injected: (ok, how it ended)."""
     env = {**os.environ, "DRAFTFIT_CACHE": str(cache), "HF_HUB_OFFLINE": "1"}
     env.pop("DRAFTFIT_FAULT", None)
     if fault:
         env["DRAFTFIT_FAULT"] = fault
-    args = [sys.executable, "-m", "draftfit", "rank", *candidates, *SMALL, "--reports-dir", str(reports), "--run-id", run_id]
-    proc = subprocess.run(args, cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
-    ok = proc.returncode == 0
-    if ok:
-        ended = "completed"
-    elif proc.returncode < 0:
-        ended = f"killed ({proc.returncode})"
-    else:
-        ended = (proc.stderr.strip().splitlines() or [f"exit {proc.returncode}"])[-1]
+    proc = subprocess.run([sys.executable, "-m", "draftfit", *args], cwd=REPO, env=env, capture_output=True, text=True,
+                          timeout=timeout)
+    if proc.returncode == 0:
+        return True, "completed"
+    if proc.returncode < 0:
+        return False, f"killed ({proc.returncode})"
+    return False, (proc.stderr.strip().splitlines() or [f"exit {proc.returncode}"])[-1]
+
+
+def rank_subprocess(candidates: list[str], reports: Path, run_id: str, cache: Path, fault: str | None = None) -> Outcome:
+    ok, ended = draftfit_subprocess(["rank", *candidates, *SMALL, "--reports-dir", str(reports), "--run-id", run_id], cache, fault)
     return Outcome(ok, ended, _read(reports / run_id), reports / run_id, None)
 
 
@@ -272,3 +275,58 @@ def _whole(entry: Path) -> bool:
     except cachedir.DamagedEntry:
         return False
     return True
+
+
+# ---------------------------------------------------------------------------------------------
+# `draftfit verify`: interrupted after a configuration was measured and saved, then run again
+
+# one level, temperature 0: vLLM's counters are deterministic, so a resumed run must count
+# exactly what the uninterrupted one counted
+VERIFY_ARGS = ["--config", "ngram-2-4:2", "--concurrency", "1", "--requests", "4", "--gpu-memory-utilization", "0.1"]
+VERIFY_MODES = ("raise", "kill")
+
+
+def verify_subprocess(results: Path, cache: Path, fault: str | None = None) -> Outcome:
+    """`python -m draftfit verify RESULTS` with VERIFY_ARGS (a subprocess, so ``kill`` can kill it)."""
+    ok, ended = draftfit_subprocess(["verify", str(results), *VERIFY_ARGS], cache, fault, timeout=1800)
+    return Outcome(ok, ended, json.loads(results.read_text()), results.parent, None)
+
+
+def verify_decisions(data: dict[str, Any]) -> list[tuple]:
+    """What a verify run measured that must not depend on an interruption: the entries and vLLM's
+    counters (latencies are new measurements on every run)."""
+    return sorted((e.get("candidate") or "", e.get("k") or 0, e["concurrency"], bool(e.get("engine_failed")),
+                   json.dumps(e.get("counts_measured"), sort_keys=True)) for e in data.get("measured") or [])
+
+
+@dataclass
+class VerifyCaseResult:
+    mode: str
+    faulted: Outcome
+    restart: Outcome
+    orphans: list[int]
+
+    @property
+    def baseline_kept(self) -> bool:
+        """The baseline the faulted run measured is the one the restart kept (not measured again)."""
+        def base(data):
+            return [e for e in (data or {}).get("measured") or [] if e.get("candidate") is None]
+
+        return bool(base(self.faulted.data)) and base(self.faulted.data) == base(self.restart.data)
+
+    @property
+    def resumed(self) -> bool:
+        runs = ((self.restart.data or {}).get("provenance") or {}).get("verify") or []
+        return len(runs) == 1 and runs[0].get("status") == "complete" and runs[0].get("resumed") == 1
+
+
+def run_verify_case(mode: str, ranked: Path, work: Path, cache: Path) -> VerifyCaseResult:
+    """Copy the ranked results, interrupt verify after its first configuration (the baseline), run it again."""
+    work.mkdir(parents=True, exist_ok=True)
+    results = work / "results.json"
+    shutil.copy(ranked, results)
+    started = time.time()
+    faulted = verify_subprocess(results, cache, f"verify-config:{mode}")
+    orphans = orphan_engines(since=started)
+    restart = verify_subprocess(results, cache)
+    return VerifyCaseResult(mode, faulted, restart, orphans)

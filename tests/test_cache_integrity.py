@@ -91,16 +91,15 @@ def test_only_checks_the_named_files(tmp_path):
         cachedir.check_manifest(entry, only=("data/table.arrow",))
 
 
-def test_entries_written_before_manifests_are_adopted_only_when_whole(tmp_path):
+def test_an_entry_without_a_manifest_is_never_trusted(tmp_path, caplog):
+    """An entry of an older draftfit (or an interrupted write) cannot show it is whole: rebuilt."""
     entry = tmp_path / "old"
     entry.mkdir()
     (entry / "weights.bin").write_bytes(b"w" * 100)
-    assert cachedir.adopt(entry, "draftfit-source.json") is None  # no marker: an interrupted write
     (entry / "draftfit-source.json").write_text("{}")
-    manifest = cachedir.adopt(entry, "draftfit-source.json")
-    assert set(manifest["files"]) == {"weights.bin", "draftfit-source.json"}
-    assert cachedir.adopt(entry, "draftfit-source.json") is None  # once
-    assert cachedir.check_manifest(entry) == manifest
+    with caplog.at_level(logging.WARNING, logger="draftfit"):
+        assert cachedir.verified(entry) is None
+    assert "no manifest" in caplog.text and "rebuilding" in caplog.text
 
 
 def test_publish_replaces_a_damaged_entry_and_temp_dirs_of_dead_processes_are_swept(tmp_path):
@@ -146,15 +145,16 @@ def test_a_damaged_checked_document_is_refused(tmp_path, damage, words, caplog):
     assert cachedir.read_checked_json(path) == PROFILE
     damage(path)
     with caplog.at_level(logging.WARNING, logger="draftfit"):
-        assert cachedir.read_checked_json(path, legacy=lambda d: None) is None
+        assert cachedir.read_checked_json(path) is None
     assert words in caplog.text
 
 
-def test_a_document_written_before_checksums_is_adopted(tmp_path):
+def test_a_document_written_before_checksums_is_rebuilt(tmp_path, caplog):
     path = tmp_path / "p.json"
-    path.write_text(json.dumps(PROFILE))
-    assert cachedir.read_checked_json(path, legacy=lambda d: d if d.get("kind") == "measured" else None) == PROFILE
-    assert set(json.loads(path.read_text())) == {"sha256", "payload"}
+    path.write_text(json.dumps(PROFILE))  # a whole measured profile, but nothing shows it is whole
+    with caplog.at_level(logging.WARNING, logger="draftfit"):
+        assert cachedir.read_checked_json(path) is None
+    assert "no checksum" in caplog.text
 
 
 class _Session:
@@ -409,8 +409,7 @@ def test_the_report_shows_a_failed_draft_with_its_knobs():
     [
         ("whole", True, True),
         ("truncated", False, False),
-        ("legacy-with-marker", True, True),  # published by rename before manifests existed: adopted
-        ("legacy-without-marker", False, False),  # no marker: not a finished conversion
+        ("no-manifest", False, False),  # an interrupted write, or an older draftfit's entry: never trusted
     ],
 )
 def test_a_converted_directory_is_used_only_when_whole(tmp_path, state, whole, kept):
@@ -420,12 +419,11 @@ def test_a_converted_directory_is_used_only_when_whole(tmp_path, state, whole, k
     final.mkdir()
     (final / "model.safetensors").write_bytes(b"\0" * 4096)
     (final / "config.json").write_text("{}")
-    if state != "legacy-without-marker":
-        (final / SOURCE_MARKER).write_text('{"gguf": "x.gguf"}')
+    (final / SOURCE_MARKER).write_text('{"gguf": "x.gguf"}')
     if state in ("whole", "truncated"):
         cachedir.write_manifest(final)
         cachedir._verified.clear()
     if state == "truncated":
         (final / "model.safetensors").write_bytes(b"\0" * 100)
-    assert _whole(final, SOURCE_MARKER) is whole
+    assert _whole(final) is whole
     assert final.exists() is kept

@@ -137,6 +137,49 @@ def test_metadata_with_custom_model_code_is_read_without_running_it(tmp_path, bp
     assert not marker.exists()
 
 
+def custom_model_dir(root: Path, bpe: dict, marker: Path, model_type: str = "remote") -> Path:
+    """A complete model directory (tokenizer.json, config, weights) whose model classes are the
+    repository's own .py files (auto_map); importing them writes ``marker``."""
+    target = tf.write_model_dir(root, bpe, config={
+        "model_type": model_type, "auto_map": {"AutoConfig": "configuration_remote.RemoteConfig",
+                                               "AutoModelForCausalLM": "modeling_remote.RemoteForCausalLM"}})
+    for name in ("configuration_remote.py", "modeling_remote.py"):
+        (target / name).write_text(f"import pathlib\npathlib.Path({str(marker)!r}).write_text('ran')\n")
+    (target / "model.safetensors").write_bytes(b"placeholder: never loaded")
+    return target
+
+
+@pytest.mark.slow  # imports transformers' configuration table (seconds)
+def test_rank_refuses_a_custom_model_class_before_any_engine(tmp_path, bpe, no_engines):
+    marker = tmp_path / "marker"
+    target = custom_model_dir(tmp_path / "target", bpe, marker)
+    cand = tmp_path / "c.yaml"
+    cand.write_text(f"name: c\ntarget: {target}\ndraft: {{method: ngram}}\nk: [2]\n")
+    result = run("rank", cand, "--reports-dir", tmp_path / "reports")
+    assert result.exit_code == 2
+    assert result.stderr.strip().splitlines()[-1] == (
+        f"Error: {target}: its model is custom code from the repository (modeling_remote.RemoteForCausalLM), which "
+        "draftfit does not run by default. Pass --trust-remote-code if you trust that code"
+    )
+    assert "stopped where the engines start" not in result.stderr  # refused before, not by the engine
+    assert not marker.exists() and not (tmp_path / "reports").exists()
+    # with the flag, the refusal is lifted and the run goes on to the engines (stopped there by the test)
+    result = run("rank", cand, "--reports-dir", tmp_path / "reports", "--trust-remote-code")
+    assert "stopped where the engines start" in result.stderr
+
+
+@pytest.mark.slow  # imports transformers' configuration table (seconds)
+def test_auto_map_beside_a_model_type_transformers_knows_loads_transformers_classes(tmp_path, bpe):
+    """auto_map next to model_type "llama": transformers (and vLLM) use their own Llama classes
+    without --trust-remote-code, so nothing of the repository runs and the directory is accepted."""
+    from draftfit.refs import model_dir
+
+    marker = tmp_path / "marker"
+    target = custom_model_dir(tmp_path / "target", bpe, marker, model_type="llama")
+    assert model_dir(resolve(str(target))) == target
+    assert not marker.exists()
+
+
 @pytest.mark.parametrize("command", ["check", "rank"])
 def test_help_offers_trust_remote_code_only_for_trusted_code(command):
     result = run(command, "--help")

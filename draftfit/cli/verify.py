@@ -37,10 +37,13 @@ def _ints(ctx, param, value: str | None):
               help="Let model repositories run their own Python code (auto_map classes). Only for code you trust.")
 @click.option("--show-prompts", is_flag=True,
               help="Show the start of prompt texts in warnings and errors. Default: row numbers and a short hash only.")
+@click.option("--no-resume", is_flag=True,
+              help="Measure every configuration again. Default: a verify interrupted before it finished (same "
+                   "prompts, levels, requests and engine settings) goes on where it stopped, keeping what it measured.")
 @click.option("--dry-run", is_flag=True, help="Print what would run (configurations and vLLM speculative configs) and exit.")
 @click.pass_context
 def verify(ctx, results_file, top, configs, candidate_files, ks, concurrency, requests, timeout_s, gpu_memory_utilization,
-           trust_remote_code, show_prompts, dry_run) -> None:
+           trust_remote_code, show_prompts, no_resume, dry_run) -> None:
     """Measure real vLLM runs against the predictions in RESULTS_FILE.
 
     Runs vLLM without speculation (the baseline) and with each chosen (candidate, k) on the
@@ -50,6 +53,9 @@ def verify(ctx, results_file, top, configs, candidate_files, ks, concurrency, re
     under `measured` in RESULTS_FILE (each entry beside its prediction and the error of it), flags
     every level where a configuration is slower than the baseline or has a worse p95/p99 ITL,
     and reports acceptance the prediction cannot explain as a suspected engine fault.
+
+    The results file is saved after each configuration, so an interrupted verify loses at most
+    the configuration it was measuring; run the same command again to finish it.
 
     \b
     Examples:
@@ -65,7 +71,7 @@ def verify(ctx, results_file, top, configs, candidate_files, ks, concurrency, re
     run = VerifyRun(results_file, top=top, configs=configs, candidate_files=candidate_files, ks=ks,
                     concurrency=concurrency, requests=requests, timeout_s=timeout_s,
                     gpu_memory_utilization=gpu_memory_utilization, argv=ctx.meta.get("draftfit.argv"), debug=debug,
-                    trust_remote_code=trust_remote_code, show_prompts=show_prompts)
+                    trust_remote_code=trust_remote_code, show_prompts=show_prompts, resume=not no_resume)
     if dry_run:
         _, _, _, _, planned, levels = run.plan()
         click.echo(describe_plan(planned, levels, requests))

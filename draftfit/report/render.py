@@ -495,6 +495,7 @@ def context(results: Results, *, figures: bool = True, results_path: str | os.Pa
         "memory": _memory(results),
         "segments": _segments(results),
         "measured": explore.measured_vs_predicted(results),
+        "measured_prompts": sorted({int(e["prompts_predicted"]) for e in results.measured if e.get("prompts_predicted")}),
         "latency_columns": [(f"{m}_{q}_ms_measured", f"{m.upper()} {q}") for m in explore.LATENCY_MEASURES for q in explore.PERCENTILES],
         "warnings": _warnings(results),
         "prov": _provenance(results),
