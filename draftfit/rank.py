@@ -564,9 +564,14 @@ def decode_steps(walked, answer_lengths) -> tuple[np.ndarray, np.ndarray]:
     ``max(e − D − A, 0)`` of those (the last drafting step may accept past the stop, which vLLM
     counts but nobody reads). Summed over prompts: tokens/step = Σe / Σsteps, fraction = ΣD / Σsteps.
     """
+    return tokens_per_step(walked.num_drafts, walked.num_accepted_tokens, answer_lengths)
+
+
+def tokens_per_step(num_drafts, num_accepted_tokens, answer_lengths) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`decode_steps` of per-prompt counters ``[prompts, ks]`` (any subset of the prompts)."""
     emitted = np.maximum(np.asarray(answer_lengths, float) - 1.0, 0.0)[:, None]
-    drafts = np.asarray(walked.num_drafts, float)
-    accepted = np.asarray(walked.num_accepted_tokens, float)
+    drafts = np.asarray(num_drafts, float)
+    accepted = np.asarray(num_accepted_tokens, float)
     plain = np.maximum(emitted - drafts - accepted, 0.0)
     steps = (drafts + plain).sum(axis=0)
     with np.errstate(divide="ignore", invalid="ignore"):

@@ -455,11 +455,12 @@ def predicted_level(results: results_mod.Results, candidate: str | None, k: int 
 
 
 def _al_and_tokens_per_step(drafts: np.ndarray, accepted: np.ndarray, answers: np.ndarray) -> tuple[float, float]:
-    """vLLM's AL and the tokens per decode step over all steps (as rank.decode_steps) of some prompts."""
-    emitted = np.maximum(answers - 1.0, 0.0)
-    steps = float(np.sum(drafts + np.maximum(emitted - drafts - accepted, 0.0)))
+    """vLLM's AL and the tokens per decode step over all steps (rank.decode_steps) of some prompts."""
+    from draftfit.rank import tokens_per_step
+
     al = 1.0 + float(accepted.sum()) / float(drafts.sum()) if drafts.sum() > 0 else 1.0
-    return al, (float(emitted.sum()) / steps if steps > 0 else 1.0)
+    per_step, _ = tokens_per_step(drafts[:, None], accepted[:, None], answers)
+    return al, float(per_step[0])
 
 
 def for_prompts(predicted: dict[str, Any], config: dict[str, Any], level: dict[str, Any], prompts_sent: int | None) -> dict[str, Any]:
@@ -1132,6 +1133,7 @@ class VerifyRun:
         verify_id, timings = record["verify_id"], record["timings"]
         spent = float(timings.get("wall") or 0.0)
         earlier = {entry_key(e): e for e in results.measured if e.get("verify_id") == verify_id}
+        prompts_sent = min(plan.requests, len(plan.prompts))  # requests go out over the prompts in order
         new: list[dict[str, Any]] = []
         baseline_by_level: dict[int, dict] = {}
         for config in [BASELINE, *configs]:
@@ -1146,8 +1148,8 @@ class VerifyRun:
                 timings["runs"] += sum(level.wall_s for level in run.levels)
                 entries = entries_of(run, verify_id, levels)
                 for entry in entries:
-                    entry["prompts_sent"] = min(plan.requests, len(plan.prompts))
-                    predicted = predicted_level(results, config.candidate, config.k, entry["concurrency"], entry["prompts_sent"])
+                    entry["prompts_sent"] = prompts_sent
+                    predicted = predicted_level(results, config.candidate, config.k, entry["concurrency"], prompts_sent)
                     baseline = baseline_by_level.get(entry["concurrency"]) if config.candidate is not None else None
                     compare(entry, predicted, baseline, draft_is_target=config.draft_is_target, rule=rule,
                             temperature=study.temperature, device=device)
