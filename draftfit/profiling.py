@@ -12,7 +12,8 @@ Two kinds of timing, both on a live vLLM ``LLM``:
   over ``B·m`` tokens. The fixed cost of such a one-step call is measured by the same call with
   ``m = 1`` and taken off: ``verify(B, L, m) = call(B, L, m) − (call(B, L, 1) − decode(B, L))``.
 
-Context lengths are rounded to whole KV blocks so the prefix cache holds exactly the ``L`` tokens.
+Context lengths are rounded to whole KV blocks so the prefix cache holds exactly the ``L`` tokens;
+the batches of one context share their prefixes, so each context is prefilled once.
 Each timing is repeated and the median kept.
 """
 
@@ -127,10 +128,13 @@ def measure_step_profile(
     steps: list[TimedStep] = []
     m1, m2 = decode_tokens
     for context in contexts:
-        for batch_size in batches:
+        # one pool of prefixes per context, largest batch first: the smaller batches take its first
+        # sequences, already in the prefix cache, so each context is prefilled once
+        pool = [tokens(context) for _ in range(batches[-1])]
+        for batch_size in reversed(batches):
             if progress:
                 progress(f"decode B={batch_size} L={context}")
-            prefixes = [tokens(context) for _ in range(batch_size)]
+            prefixes = pool[:batch_size]
             # decode runs send one token past the cached blocks: a prompt of whole blocks only would
             # recompute its last block (vLLM always computes at least one prompt token)
             tails = [x + tokens(1) for x in prefixes]

@@ -34,11 +34,22 @@ log = logging.getLogger(__name__)
 Progress = Callable[[str], None]
 
 # Engine steps timed for a measured latency profile (draftfit.profiling): batch sizes × context
-# lengths of decode steps, plus verification of k+1 tokens at the smallest and largest batch.
+# lengths of decode steps, plus verification of k+1 tokens at the smallest and largest batch. The
+# batch sizes are capped and completed by the study's largest concurrency (profile_batch_sizes).
 PROFILE_PLANS = {
     "standard": {"batch_sizes": (1, 8, 32), "context_lens": (128, 384), "repeats": 2, "verify_points": 3},
     "quick": {"batch_sizes": (1, 4), "context_lens": (128, 256), "repeats": 1, "verify_points": 2},
 }
+
+
+def profile_batch_sizes(plan_batches, concurrency) -> tuple[int, ...]:
+    """The batch sizes to time: the plan's below the study's largest concurrency level, and that level.
+
+    Step times are then measured up to the largest batch the study predicts for, never extrapolated
+    past it, and no time goes to batches larger than any level asks about.
+    """
+    top = max(concurrency)
+    return tuple(sorted({b for b in plan_batches if b < top} | {top}))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -225,7 +236,8 @@ class RankRun:
         engine_fields = engine_config.key_fields()
         measured = study.latency_source == "measured"
         max_k = max(max(p.candidate.k) for p in plans)
-        plan = {**self.profile_plan, "max_k": max_k}
+        plan = {**self.profile_plan, "max_k": max_k,
+                "batch_sizes": profile_batch_sizes(self.profile_plan["batch_sizes"], study.concurrency)}
         profiles: dict[str, dict] = {}
 
         # --- the target: trajectories, its profile, and self-drafts, on one engine ---------------

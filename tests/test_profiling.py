@@ -22,3 +22,19 @@ from draftfit.profiling import verify_k_values
 )
 def test_verify_k_values(max_k, points, expected):
     assert verify_k_values(max_k, points) == expected
+
+
+@pytest.mark.parametrize(
+    "plan, levels, expected",
+    [
+        ((1, 8, 32), (1, 4, 8, 16, 32), (1, 8, 32)),  # the default study: the plan as it is
+        ((1, 8, 32), (1, 4, 16), (1, 8, 16)),  # capped at the largest level, which is timed
+        ((1, 8, 32), (1, 64), (1, 8, 32, 64)),  # never extrapolated past the largest level
+        ((1, 4), (1, 4, 16), (1, 4, 16)),
+        ((1, 4), (1,), (1,)),
+    ],
+)
+def test_profile_batch_sizes_follow_the_study(plan, levels, expected):
+    from draftfit.rank import profile_batch_sizes
+
+    assert profile_batch_sizes(plan, levels) == expected

