@@ -61,9 +61,8 @@ RANK_OPTIONS = {
 def cli(*args: str) -> float:
     """Run a draftfit command in a process of its own, as a user does; its wall time.
 
-    One process per command: a verify run in the process where rank's engines had run measured
-    the no-speculation baseline's ITL 24% (concurrency 1) and 37% (4) below the same command run
-    on its own, while two runs of the command on its own agreed within 6%.
+    One process per command, as a user runs them: nothing rank's engines leave behind in a process
+    (threads, environment, allocator state) can reach verify's measurements.
     """
     start = time.perf_counter()
     code = subprocess.run([sys.executable, "-m", "draftfit", *map(str, args)]).returncode
