@@ -92,10 +92,16 @@ def run_verify(path: Path, configs: list[str], concurrency, memory: float | None
         options += ["--gpu-memory-utilization", str(memory)]
     wall = cli("verify", path, *options, "--concurrency", ",".join(map(str, concurrency)))
     results = load(path)
+    _, new = newest_verify(results, f"draftfit verify measured nothing into {path}")
+    return results, new, wall
+
+
+def newest_verify(results, missing: str) -> tuple[dict, list[dict]]:
+    """The newest verify run's record and the entries it measured; exits with ``missing`` if none."""
     if not results.provenance.get("verify"):
-        raise SystemExit(f"draftfit verify measured nothing into {path}")
+        raise SystemExit(missing)
     record = results.provenance["verify"][-1]
-    return results, [e for e in results.measured if e.get("verify_id") == record["verify_id"]], wall
+    return record, [e for e in results.measured if e.get("verify_id") == record["verify_id"]]
 
 
 def quality(results, new) -> None:
@@ -167,10 +173,7 @@ def report_file(path: Path) -> None:
     from draftfit.results import load
 
     results = load(path)
-    if not results.provenance.get("verify"):
-        raise SystemExit(f"{path}: not verified yet (run `draftfit verify {path}` first)")
-    record = results.provenance["verify"][-1]
-    new = [e for e in results.measured if e.get("verify_id") == record["verify_id"]]
+    record, new = newest_verify(results, f"{path}: not verified yet (run `draftfit verify {path}` first)")
     print(f"== {path}: rank run {results.run_id}, verify run {record['verify_id']}, {len(new)} measured entries ==")
     quality(results, new)
     configs = len({(e["candidate"], e["k"]) for e in new if e.get("candidate") is not None})
@@ -251,10 +254,10 @@ def main() -> None:
         earlier = load(args.measured_from)
         if earlier.prompts.get("prompts_hash") != results.prompts.get("prompts_hash"):
             raise SystemExit(f"{args.measured_from}: measured on other prompts (prompts hash differs)")
-        record = earlier.provenance["verify"][-1]
+        record, measured = newest_verify(earlier, f"{args.measured_from}: not verified (no measurements to compare with)")
         print(f"\n== verify: measurements of {args.measured_from} (verify run {record['verify_id']}), "
               "compared with this rank run's predictions ==", flush=True)
-        new = recompare(results, [e for e in earlier.measured if e.get("verify_id") == record["verify_id"]])
+        new = recompare(results, measured)
         results.measured = new
         results.provenance["verify"] = [record]
         save_results(results, results_path)
