@@ -114,7 +114,9 @@ def main() -> None:
     from draftfit.derive import first_layers
     from draftfit.engines import EngineConfig, SamplingSpec
     from draftfit.engines.hf_engine import HFEngine
-    from draftfit.engines.vllm_engine import draft_model_config, ngram_config, run_speculative
+    from draftfit.engines.vllm_engine import run_speculative
+    from draftfit.methods.draft_model import draft_model_config
+    from draftfit.methods.ngram import ngram_config
     from draftfit.ngram import ngram_walk
     from draftfit.prompts import DEMO_PROMPTS, load_prompts, sample_prompts
     from draftfit.refs import metadata_dir, model_dir, resolve

@@ -26,11 +26,10 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from draftfit.errors import DraftfitError
+from draftfit.methods import CANDIDATE_METHODS, get_method
 
 MAX_K = 16
-MODEL_FREE = ("ngram", "suffix")
-HEADS = ("eagle", "eagle3", "mtp")  # measurable only by `draftfit verify`
-Method = Literal["draft_model", "ngram", "suffix", "eagle", "eagle3", "mtp"]
+Method = Literal[CANDIDATE_METHODS]  # type: ignore[valid-type]  # the registry's names (draftfit.methods)
 Dtype = Literal["auto", "bfloat16", "float16", "float32"]
 
 
@@ -54,26 +53,15 @@ class DraftSpec(_Strict):
 
     @model_validator(mode="after")
     def _consistent(self) -> DraftSpec:
-        if self.method == "draft_model" and (self.model is None) == (self.derived is None):
-            raise ValueError("a draft_model needs exactly one of `model` or `derived`")
-        if self.method in MODEL_FREE and (self.model or self.derived):
-            raise ValueError(f"method {self.method} uses no model; remove `model`/`derived`")
-        if self.method in HEADS and not self.model:
-            raise ValueError(f"method {self.method} needs `model` (the head's checkpoint)")
-        lo, hi = self.prompt_lookup_min, self.prompt_lookup_max
-        if (lo is not None or hi is not None) and self.method != "ngram":
-            raise ValueError("prompt_lookup_min/max apply to method ngram only")
-        if lo is not None and hi is not None and lo > hi:
-            raise ValueError(f"prompt_lookup_min {lo} > prompt_lookup_max {hi}")
+        get_method(self.method).validate(self)
         return self
 
     @property
     def lookup(self) -> tuple[int, int]:
-        """vLLM's defaults: both omitted → 5/5; one given → the other takes its value."""
-        lo, hi = self.prompt_lookup_min, self.prompt_lookup_max
-        if lo is None and hi is None:
-            return 5, 5
-        return (lo or hi), (hi or lo)  # type: ignore[return-value]
+        """Prompt lookup (min, max) as vLLM reads them: both omitted → 5/5; one given → the other takes its value."""
+        from draftfit.methods.ngram import lookup
+
+        return lookup(self)
 
 
 class StudySettings(_Strict):
@@ -281,7 +269,7 @@ def check_inputs(
         parse_hardware(f"{study.gpu_count}x {study.gpu}", catalog=load_catalog(gpu_catalog),
                        tensor_parallel_size=study.tensor_parallel_size)
     specs = {c.target for c in candidates}
-    specs |= {c.draft.model for c in candidates if c.draft.method == "draft_model" and c.draft.model}
+    specs |= {c.draft.model for c in candidates if get_method(c.draft.method).scores_model and c.draft.model}
     for spec in sorted(specs):
         ref = resolve(spec)
         if ref.kind == "dir":

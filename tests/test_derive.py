@@ -161,7 +161,8 @@ def test_smollm2_first_layers_runs_as_a_vllm_draft(engine_slot, smollm2_model, s
     the same answers with the draft's argmax from a transformers prefill (measured vs exact)."""
     from draftfit.engines import SamplingSpec
     from draftfit.engines.hf_engine import HFEngine
-    from draftfit.engines.vllm_engine import draft_model_config, run_speculative
+    from draftfit.engines.vllm_engine import run_speculative
+    from draftfit.methods.draft_model import draft_model_config
 
     draft = first_layers(smollm2_ref, 10)
     k = 2

@@ -26,6 +26,7 @@ import numpy as np
 
 from draftfit.compat.schema import COMPATIBLE, INCOMPATIBLE, EngineVerdict
 from draftfit.deploy import installed_vllm_version, parse_version
+from draftfit.methods.draft_model import V1_NO_DRAFT
 
 if TYPE_CHECKING:
     from draftfit.compat.files import ModelFiles
@@ -40,7 +41,6 @@ VLLM_VOCAB_ERROR = (
     "errors during speculative decoding."
 )
 VLLM_HETEROGENEOUS_SINCE = (0, 27, 0)  # FACTS.md: use_heterogeneous_vocab, "≥ ~0.27"
-VLLM_V1_NO_DRAFT = ((0, 10, 0), (0, 15, 0))  # V1 engine refused separate draft models
 VLLM_RULES_VERSION = "0.32.0"  # the vLLM source these rules were read from
 
 UAG_DOCS = "(see https://huggingface.co/docs/transformers/en/generation_strategies#universal-assisted-decoding)"
@@ -111,7 +111,7 @@ def vllm_verdict(report: CheckReport, vllm_version: str | None = None) -> Engine
         return EngineVerdict(engine="vllm", version=version, version_source=source,
                              verdict=COMPATIBLE if ok else INCOMPATIBLE, mode="draft_model", reason=reason, **kw)
 
-    if VLLM_V1_NO_DRAFT[0] <= release < VLLM_V1_NO_DRAFT[1]:
+    if V1_NO_DRAFT[0] <= release < V1_NO_DRAFT[1]:
         return verdict(False, f"{named}: the V1 engine refuses separate draft models (NotImplementedError)",
                        fix="Use vLLM ≥ 0.15.0 for a draft model, or a model-free method such as ngram")
 

@@ -267,20 +267,6 @@ class SpecDecodeRun:
         return int(sum(len(t) for t in self.output_token_ids))
 
 
-def ngram_config(k: int, lookup_min: int = 2, lookup_max: int = 4) -> dict[str, Any]:
-    """``speculative_config`` for prompt-lookup (ngram) drafting."""
-    return {"method": "ngram", "num_speculative_tokens": int(k), "prompt_lookup_min": int(lookup_min), "prompt_lookup_max": int(lookup_max)}
-
-
-def draft_model_config(draft_dir: str | Path, k: int, draft_sample_method: str | None = None, **extra: Any) -> dict[str, Any]:
-    """``speculative_config`` for a separate draft model (the target's own directory = self-draft)."""
-    config: dict[str, Any] = {"method": "draft_model", "model": str(draft_dir), "num_speculative_tokens": int(k)}
-    if draft_sample_method is not None:
-        config["draft_sample_method"] = draft_sample_method
-    config.update(extra)
-    return config
-
-
 def memory_kwargs(gpu_memory_utilization: float) -> dict[str, Any]:
     """vLLM's memory arguments for a memory fraction.
 
@@ -674,8 +660,8 @@ def run_speculative(
 ) -> SpecDecodeRun:
     """Run real speculative decoding in vLLM and return its own counters (measured).
 
-    ``speculative_config`` is passed to ``vllm.LLM`` as it is: see :func:`ngram_config` and
-    :func:`draft_model_config` (the target's own directory as the draft gives the self-draft). The
+    ``speculative_config`` is passed to ``vllm.LLM`` as it is: see each method's ``engine_config``
+    in :mod:`draftfit.methods` (the target's own directory as the draft gives the self-draft). The
     engine lives only for this call. Counters are read before and after generation and the
     difference is returned, so start-up work never counts.
     """

@@ -161,9 +161,7 @@ def _recommendation(results: Results) -> dict[str, Any]:
                 if r["candidate"] == rec.get("candidate") and r["k"] == rec.get("k")]
     method = rec.get("method")
     cand = next((c for c in results.candidates if c.get("name") == rec.get("candidate")), {})
-    draft = _draft_label(cand.get("draft") or {}) or rec.get("model") or ""
-    if method == "ngram":
-        draft = "prompt lookup (ngram), model-free"
+    draft = _draft_label(cand.get("draft") or {"method": method}) or rec.get("model") or ""
     return {
         "present": bool(rec.get("candidate")),
         "candidate": rec.get("candidate"), "method": method, "draft": draft, "k": rec.get("k"),
@@ -184,11 +182,17 @@ def _recommendation(results: Results) -> dict[str, Any]:
 
 
 def _draft_label(draft: dict[str, Any]) -> str:
-    """How a candidate file names its draft: the model reference, or the derived early exit."""
-    derived = draft.get("derived")
-    if isinstance(derived, dict) and derived.get("first_layers"):
-        return f"the target's first {derived['first_layers']} layers"
-    return str(draft.get("model") or "")
+    """How a candidate file names its draft, in its method's words (draftfit.methods)."""
+    from draftfit.methods import METHODS
+
+    method = METHODS.get(draft.get("method") or "draft_model")
+    return method.label(draft) if method is not None else str(draft.get("model") or "")
+
+
+def _model_free(method: str | None) -> bool:
+    from draftfit.methods import METHODS
+
+    return method in METHODS and METHODS[method].model_free
 
 
 def _tokenizers(results: Results) -> list[dict[str, Any]]:
@@ -204,7 +208,7 @@ def _tokenizers(results: Results) -> list[dict[str, Any]]:
         row = {"candidate": name, "method": method, "draft": _draft_label(draft), "skipped": skipped.get(name), "failed": failed.get(name), "check": check,
                "verdict": None, "summary": None, "engines": [], "by_engine": {}, "full": False}
         if check is None:
-            if method in ("ngram", "suffix"):
+            if _model_free(method):
                 row["verdict"], row["summary"] = "n/a", "model-free: proposes the target's own tokens"
         else:
             row["verdict"], row["summary"] = check.get("verdict"), check.get("summary")

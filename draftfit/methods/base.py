@@ -1,0 +1,206 @@
+"""What every draft method provides, and the records that cross from a method to the pipeline.
+
+A method (one module each under ``draftfit/methods/``) answers, for a candidate that uses it:
+
+* **validate** — is the candidate's ``draft:`` block consistent for this method (raises ValueError);
+* **plan** — what must run for it (a draft model to load, or nothing) or why `rank` skips it;
+* **acceptance** — its predicted acceptance for every k: from the draft's scores of the target's
+  answers, or simulated on the token sequences themselves;
+* **cost** — its terms in the step model (draftfit.costmodel) and the draft shape the VRAM model reads;
+* **engine_config** — the ``speculative_config`` the vLLM engines here run (`verify`);
+* **deploy** — its part of the deployable configuration per vLLM version (draftfit.deploy): refusals,
+  JSON keys, pre-0.8.2 flags, notes;
+* **label** — how the report names its draft.
+
+Methods import nothing heavy at module level: candidate validation runs in `draftfit check`'s and
+`--help`'s import path.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from draftfit.candidates import Candidate, DraftSpec, StudySettings
+    from draftfit.deploy import SpecConfig
+    from draftfit.hardware import ModelShape
+    from draftfit.refs import ModelRef
+
+Version = tuple[int, int, int]
+Progress = Callable[[str], None]
+
+
+@dataclass
+class PlannedDraft:
+    """A candidate resolved to what must run for it."""
+
+    candidate: Candidate
+    method: str
+    draft_ref: ModelRef | None = None  # a draft model to load and score (after deriving)
+    deploy_model: str | None = None  # what the vLLM config names
+    check: dict | None = None
+    skip_reason: str | None = None
+    failure: dict | None = None  # its engine failed (results.failed)
+
+
+@dataclass(frozen=True)
+class PlanContext:
+    """What planning a candidate may read: the target, the study and the user's trust setting."""
+
+    target_ref: ModelRef
+    target_meta: Path
+    study: StudySettings
+    trust_remote_code: bool = False
+    progress: Progress = lambda message: None
+
+
+@dataclass(frozen=True)
+class AcceptanceInputs:
+    """What a method's acceptance walk reads: the target's answers and every draft's scores."""
+
+    trajset: Any  # draftfit.trajectories.TrajectorySet
+    scores_by_fp: dict[str, Any]  # draft fingerprint → draftfit.scoring.DraftScores
+    ks: list[int]
+    rule: str
+    max_model_len: int
+
+
+@dataclass(frozen=True)
+class CostTerms:
+    """A planned draft's terms in the step model.
+
+    ``cost`` is a :class:`draftfit.costmodel.DraftCost`; ``shape`` the draft's architecture for
+    the VRAM model (``None``: no weights and no KV cache); ``rank_cost`` orders drafts by cost when
+    the ranking breaks ties (draft parameters; 0 for a model-free method).
+    """
+
+    cost: Any
+    shape: ModelShape | None
+    rank_cost: float
+
+
+@dataclass(frozen=True)
+class EngineSpec:
+    """The ``speculative_config`` the engines here run for (candidate, k), every path local."""
+
+    config: dict[str, Any]
+    directory: Path | None = None  # the draft's local directory (a model draft) or None
+    draft_is_target: bool = False
+
+
+StepTimeOf = Callable[[str, "ModelShape"], Any]  # (draft fingerprint, shape) → costmodel.StepTime
+
+
+class DraftMethod:
+    """One speculative-decoding method: the hooks the pipeline calls, with the common behaviour.
+
+    Subclasses set ``name`` and override what differs. ``in_candidates`` is false for methods
+    draftfit only deploys (older vLLM methods a candidate file cannot name).
+    """
+
+    name: str = ""
+    in_candidates: bool = True
+    uses_model: bool = False  # the vLLM config names a model (and takes draft_sample_method)
+    uses_lookup: bool = False  # prompt_lookup_min / prompt_lookup_max apply
+    scores_model: bool = False  # rank loads the candidate's `model` and scores it (checked before anything loads)
+    model_free: bool = False  # proposes from the token sequences, no weights, no tokenizer check
+    heterogeneous_vocab: bool = False  # vLLM's use_heterogeneous_vocab applies
+    draft_tp_is_target_tp: bool = False  # vLLM runs the draft only at the target's TP
+
+    # --- candidate files ------------------------------------------------------------------
+
+    def validate(self, draft: DraftSpec) -> None:
+        """Raise ValueError when the ``draft:`` block does not fit this method."""
+        if (draft.prompt_lookup_min is not None or draft.prompt_lookup_max is not None) and not self.uses_lookup:
+            raise ValueError("prompt_lookup_min/max apply to method ngram only")
+
+    # --- rank -----------------------------------------------------------------------------
+
+    def plan(self, candidate: Candidate, ctx: PlanContext) -> PlannedDraft:
+        """What must run for the candidate; ``skip_reason`` set when rank cannot predict it."""
+        return PlannedDraft(candidate, self.name, skip_reason=self.skip_reason())
+
+    def skip_reason(self) -> str | None:
+        return None
+
+    def acceptance(self, plan: PlannedDraft, inputs: AcceptanceInputs):
+        """The acceptance walk for every k (draftfit.predict's WalkBounds)."""
+        raise NotImplementedError(f"method {self.name} has no offline acceptance")
+
+    def cost(self, plan: PlannedDraft, step_time: StepTimeOf, *, trust_remote_code: bool = False) -> CostTerms:
+        raise NotImplementedError(f"method {self.name} has no cost terms")
+
+    def deploy_extra(self, candidate: Candidate) -> dict[str, Any]:
+        """Method fields of :class:`draftfit.deploy.SpecConfig` taken from the candidate file."""
+        return {}
+
+    # --- verify ---------------------------------------------------------------------------
+
+    def engine_config(self, candidate: Candidate, k: int, target_ref: ModelRef, extra: dict[str, Any], *,
+                      trust_remote_code: bool = False) -> EngineSpec:
+        raise NotImplementedError(f"method {self.name} cannot run here")
+
+    # --- deploy (per vLLM version) --------------------------------------------------------
+
+    def deploy_refusal(self, spec: SpecConfig, v: Version, version: str) -> str | None:
+        """Why vLLM ``version`` cannot run this method at all (with the fix), or None."""
+        return None
+
+    def names_method(self, v: Version) -> bool:
+        """Whether the ``--speculative-config`` JSON carries ``"method"`` on this version."""
+        return True
+
+    def config_keys(self, spec: SpecConfig) -> dict[str, Any]:
+        """The method's own ``--speculative-config`` keys (after method, model and k)."""
+        return {}
+
+    def legacy_flags(self, spec: SpecConfig) -> dict[str, Any]:
+        """vLLM ≤ 0.8.1's separate flags selecting the draft (as ``LLM`` keyword arguments)."""
+        return {"speculative_model": spec.model}
+
+    def deploy_notes(self) -> list[str]:
+        return []
+
+    # --- report ---------------------------------------------------------------------------
+
+    def label(self, draft: dict[str, Any]) -> str:
+        """How the report names a candidate's draft (its ``draft:`` block as saved in results)."""
+        return str(draft.get("model") or "")
+
+
+class HeadMethod(DraftMethod):
+    """A draft head trained for one target (EAGLE, EAGLE-3, MTP): a checkpoint vLLM loads beside it."""
+
+    uses_model = True
+
+    def validate(self, draft: DraftSpec) -> None:
+        if not draft.model:
+            raise ValueError(f"method {self.name} needs `model` (the head's checkpoint)")
+        super().validate(draft)
+
+    def skip_reason(self) -> str | None:
+        return f"{self.name} heads are trained for one target and cannot be scored offline; measure them with `draftfit verify`"
+
+    def engine_config(self, candidate, k, target_ref, extra, *, trust_remote_code=False) -> EngineSpec:
+        from draftfit.refs import model_dir, resolve
+
+        directory = model_dir(resolve(candidate.draft.model), trust_remote_code=trust_remote_code)
+        config = {"method": self.name, "model": str(directory), "num_speculative_tokens": int(k)} | extra
+        return EngineSpec(config, directory)
+
+
+class ModelFreeMethod(DraftMethod):
+    """A proposer that searches the token sequences themselves (no weights, no KV cache)."""
+
+    model_free = True
+
+    def validate(self, draft: DraftSpec) -> None:
+        if draft.model or draft.derived:
+            raise ValueError(f"method {self.name} uses no model; remove `model`/`derived`")
+        super().validate(draft)
+
+    def legacy_flags(self, spec: SpecConfig) -> dict[str, Any]:
+        raise NotImplementedError(f"method {self.name} has no flags before vLLM 0.8.2")
