@@ -23,6 +23,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from draftfit.errors import DraftfitError
+from draftfit.records import ConfigEntry, flat_level
 from draftfit.results import Results
 from draftfit.results import load as _load
 
@@ -58,11 +59,12 @@ def concurrency_levels(results: Results) -> list[int]:
     return sorted(levels)
 
 
-def level_of(config: dict[str, Any], concurrency: int | None) -> dict[str, Any] | None:
-    """A config's per-concurrency entry at one level (``None`` when it was not predicted there)."""
+def level_of(config: ConfigEntry, concurrency: int | None) -> dict[str, Any] | None:
+    """A config's entry at one concurrency level with the config's own fields beside it
+    (:func:`draftfit.records.flat_level`); ``None`` when it was not predicted there."""
     for level in config.get("per_concurrency", []):
         if concurrency is not None and int(level["concurrency"]) == int(concurrency):
-            return level
+            return flat_level(config, level)
     return None
 
 
@@ -207,7 +209,7 @@ def speedup_vs_concurrency(results: Results, which: str | Iterable[str] | None =
                 "speedup": level.get("speedup_predicted"), "speedup_low": level.get("speedup_ci_low"),
                 "speedup_high": level.get("speedup_ci_high"), "itl_base_ms": base, "itl_spec_ms": spec,
                 "itl_gain": gain, "tok_s_per_seq": level.get("tok_s_per_seq_predicted"),
-                "tok_s_aggregate": level.get("tok_s_aggregate_predicted"), "fits": bool(level.get("fits", True)),
+                "tok_s_aggregate": level.get("tok_s_aggregate_predicted"), "fits": bool(c.get("fits", True)),
                 "source": level.get("latency_source") or c.get("latency_source"), "kind": "predicted",
             })
     return rows

@@ -292,8 +292,6 @@ class RankRun:
                     config["rank"] = ranked.rank
                     config["pareto"] = ranked.pareto
                     config["rank_reason"] = ranked.reason
-                    for level in config["per_concurrency"]:
-                        level["rank"], level["pareto"] = ranked.rank, ranked.pareto
 
         self.timings["wall"] = time.perf_counter() - start
         results = results_mod.Results(
@@ -379,6 +377,7 @@ class RankRun:
         from draftfit.hardware import ModelShape, StepProfile
         from draftfit.metrics import SpecCounts
         from draftfit.ranking import rows_from_prediction
+        from draftfit.records import ConfigEntry, LevelEntry
         from draftfit.vram import vram_report
 
         study = self.study
@@ -399,7 +398,7 @@ class RankRun:
 
         target_fp = fingerprint(target_ref)
         target_step = step_time(target_fp, target_shape)
-        configs: list[dict] = []
+        configs: list[ConfigEntry] = []
         rows = []
         for plan in plans:
             if plan.skip_reason:
@@ -446,7 +445,7 @@ class RankRun:
                                              "al_predicted": [float(x) for x in part.mean_acceptance_length()]}
             for i, k in enumerate(ks):
                 counts: SpecCounts = totals[i]
-                configs.append({
+                configs.append(ConfigEntry(**{
                     "candidate": c.name, "method": plan.method, "draft": plan.deploy_model, "k": int(k),
                     "kind": "predicted", "rule": rule, "exact": bool(walked.exact),
                     "fits": bool(vram.fits) if vram is not None else True,
@@ -472,25 +471,22 @@ class RankRun:
                     "latency_source": prediction.source,
                     "break_even": prediction.break_even[i].to_dict(),
                     "per_concurrency": [
-                        {"concurrency": int(level), "candidate": c.name, "method": plan.method, "draft": plan.deploy_model, "k": int(k),
-                         "fits": bool(vram.fits) if vram is not None else True,
-                         "al_predicted": float(al[i]), "al_ci_low": float(ci_lo.mean_acceptance_length_low[i]),
-                         "al_ci_high": float(ci_hi.mean_acceptance_length_high[i]), "al_bound_low": float(al_bounds[i][0]),
-                         "al_bound_high": float(al_bounds[i][1]), "acceptance_rate_predicted": counts.acceptance_rate,
-                         "itl_base_ms_predicted": 1000 * float(prediction.itl_base_s[j]),
-                         "itl_spec_ms_predicted": 1000 * float(prediction.itl_spec_s[i, j]),
-                         "prefill_stall_base_ms_predicted": 1000 * float(prediction.i_base[j]),
-                         "prefill_stall_spec_ms_predicted": 1000 * float(prediction.i_spec[i, j]),
-                         "speedup_predicted": float(prediction.speedup[i, j]),
-                         "speedup_ci_low": float(prediction.speedup_low[i, j]), "speedup_ci_high": float(prediction.speedup_high[i, j]),
-                         "tok_s_per_seq_predicted": float(prediction.tok_s_per_seq[i, j]),
-                         "tok_s_aggregate_predicted": float(prediction.tok_s_aggregate[i, j]),
-                         "extra_vram_gib": float(vram.extra_gib) if vram is not None else 0.0,
-                         "latency_source": prediction.source}
+                        LevelEntry(
+                            concurrency=int(level),
+                            itl_base_ms_predicted=1000 * float(prediction.itl_base_s[j]),
+                            itl_spec_ms_predicted=1000 * float(prediction.itl_spec_s[i, j]),
+                            prefill_stall_base_ms_predicted=1000 * float(prediction.i_base[j]),
+                            prefill_stall_spec_ms_predicted=1000 * float(prediction.i_spec[i, j]),
+                            speedup_predicted=float(prediction.speedup[i, j]),
+                            speedup_ci_low=float(prediction.speedup_low[i, j]),
+                            speedup_ci_high=float(prediction.speedup_high[i, j]),
+                            tok_s_per_seq_predicted=float(prediction.tok_s_per_seq[i, j]),
+                            tok_s_aggregate_predicted=float(prediction.tok_s_aggregate[i, j]),
+                        )
                         for j, level in enumerate(prediction.concurrency)
                     ],
                     "cost": {"draft": draft_cost.to_dict(), "target": target_step.to_dict(), "context_len": context_len},
-                })
+                }))
         return configs, rows
 
     def _deploy(self, ranking, plans, target_ref: ModelRef) -> dict | None:

@@ -3,7 +3,8 @@
 
 Every number a results file carries sits under a key that says what it is: ``predicted`` (from the
 offline models), ``bound`` (what top-K logprobs allow), or ``measured`` (timed or counted on a real
-engine). Loading a file of another schema version is refused with the fix.
+engine). The records inside (configurations, their levels, measured entries) are typed in
+:mod:`draftfit.records`. A file of schema 1 is migrated on load; other versions are refused with the fix.
 """
 
 from __future__ import annotations
@@ -25,8 +26,9 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from draftfit import __version__
 from draftfit.errors import DraftfitError
 from draftfit.io import atomic_write_json, atomic_write_text
+from draftfit.records import PARENT_KEYS, ConfigEntry, MeasuredEntry, flat_level
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: level entries no longer repeat their configuration's fields
 
 
 class Results(BaseModel):
@@ -46,11 +48,11 @@ class Results(BaseModel):
     failed: list[dict[str, Any]] = []
     prompts: dict[str, Any] = {}
     targets: list[dict[str, Any]] = []
-    configs: list[dict[str, Any]] = []
+    configs: list[ConfigEntry] = []
     ranking: dict[str, Any] = {}
     recommendation: dict[str, Any] | None = None
     deploy: dict[str, Any] | None = None
-    measured: list[dict[str, Any]] = []
+    measured: list[MeasuredEntry] = []
     warnings: list[str] = []
 
 
@@ -95,10 +97,15 @@ def _git_commit() -> str | None:
     return out.stdout.strip() or None
 
 
+def to_json(results: Results) -> dict[str, Any]:
+    """The results as strict JSON data: an undefined number (NaN, ±inf) is null."""
+    return json.loads(results.model_dump_json())
+
+
 def save(results: Results, directory: str | os.PathLike) -> tuple[Path, Path]:
     """Write ``results.json`` and ``results.csv`` atomically; return both paths."""
     directory = Path(directory)
-    json_path = atomic_write_json(directory / "results.json", results.model_dump(mode="json"))
+    json_path = atomic_write_json(directory / "results.json", to_json(results))
     csv_path = atomic_write_text(directory / "results.csv", to_csv(results))
     return json_path, csv_path
 
@@ -113,6 +120,8 @@ def load(path: str | os.PathLike) -> Results:
         raise DraftfitError(f"not a valid JSON results file ({exc})", where=str(path), fix="Re-run `draftfit rank`") from exc
     if not isinstance(data, dict) or "schema_version" not in data:
         raise DraftfitError("not a draftfit results file (no schema_version)", where=str(path), fix="Pass a results.json written by `draftfit rank`")
+    if data["schema_version"] == 1:
+        data = migrate_v1(data)
     if data["schema_version"] != SCHEMA_VERSION:
         raise DraftfitError(
             f"results schema version {data['schema_version']} is not the version this draftfit reads ({SCHEMA_VERSION})",
@@ -125,6 +134,15 @@ def load(path: str | os.PathLike) -> Results:
         first = exc.errors()[0]
         where = " ".join(".".join(str(p) for p in first["loc"]).split())  # one line, whatever the keys
         raise DraftfitError(f"{where}: {first['msg']}", where=str(path), fix="Re-run `draftfit rank`; the file was changed or truncated") from exc
+
+
+def migrate_v1(data: dict[str, Any]) -> dict[str, Any]:
+    """Schema 1 → 2: a level entry kept copies of its configuration's fields; they are dropped."""
+    configs = []
+    for config in data.get("configs") or []:
+        levels = [{k: v for k, v in level.items() if k not in PARENT_KEYS} for level in config.get("per_concurrency") or []]
+        configs.append({**config, "per_concurrency": levels})
+    return {**data, "schema_version": 2, "configs": configs}
 
 
 CSV_COLUMNS = (
@@ -143,5 +161,5 @@ def to_csv(results: Results) -> str:
     writer.writeheader()
     for config in results.configs:
         for level in config.get("per_concurrency", []):
-            writer.writerow({"run_id": results.run_id, **{k: v for k, v in config.items() if k != "per_concurrency"}, **level})
+            writer.writerow({"run_id": results.run_id, **flat_level(config, level)})
     return buffer.getvalue()

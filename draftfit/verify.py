@@ -65,6 +65,7 @@ from draftfit.errors import DraftfitError
 from draftfit.faults import fault_point
 from draftfit.io import atomic_write_json, atomic_write_text
 from draftfit.metrics import SpecCounts
+from draftfit.records import ConfigEntry, MeasuredEntry, flat_level
 
 log = logging.getLogger(__name__)
 Progress = Callable[[str], None]
@@ -412,9 +413,10 @@ def predicted_level(results: results_mod.Results, candidate: str | None, k: int 
     for config in results.configs:
         if candidate is not None and (config["candidate"], config["k"]) != (candidate, k):
             continue
-        for level in config.get("per_concurrency", []):
-            if level["concurrency"] != concurrency:
+        for own in config.get("per_concurrency", []):
+            if own["concurrency"] != concurrency:
                 continue
+            level = flat_level(config, own)
             if candidate is None:
                 return {"itl_ms_predicted": level["itl_base_ms_predicted"], "latency_source": level.get("latency_source")}
             predicted = {
@@ -481,8 +483,8 @@ def for_prompts(predicted: dict[str, Any], config: dict[str, Any], level: dict[s
     return out
 
 
-def compare(entry: dict[str, Any], predicted: dict[str, Any] | None, baseline: dict[str, Any] | None, *,
-            draft_is_target: bool, rule: str | None, temperature: float, device: str) -> dict[str, Any]:
+def compare(entry: MeasuredEntry, predicted: dict[str, Any] | None, baseline: MeasuredEntry | None, *,
+            draft_is_target: bool, rule: str | None, temperature: float, device: str) -> MeasuredEntry:
     """Fill an entry's comparison with the baseline and the prediction, its fault and its flags."""
     k = entry.get("k")
     if not entry.get("engine_failed"):
@@ -513,7 +515,7 @@ def compare(entry: dict[str, Any], predicted: dict[str, Any] | None, baseline: d
     return entry
 
 
-def recompare(results: results_mod.Results, measured: Sequence[dict[str, Any]], *, device: str = "cpu") -> list[dict[str, Any]]:
+def recompare(results: results_mod.Results, measured: Sequence[MeasuredEntry], *, device: str = "cpu") -> list[MeasuredEntry]:
     """Measured entries compared again with the predictions in ``results`` (e.g. after the cost
     model changed): the measurements are kept, predictions, errors, faults and flags recomputed."""
     study = StudySettings.model_validate(results.study)
@@ -533,14 +535,14 @@ def entry_key(entry: dict[str, Any]) -> tuple[str | None, int | None, int]:
     return entry.get("candidate"), entry.get("k"), int(entry["concurrency"])
 
 
-def merge_measured(existing: Sequence[dict], new: Sequence[dict]) -> list[dict]:
+def merge_measured(existing: Sequence[MeasuredEntry], new: Sequence[MeasuredEntry]) -> list[MeasuredEntry]:
     """New entries replace older ones of the same (candidate, k, concurrency); order: baseline, then by config."""
     merged = {entry_key(e): e for e in existing}
     merged.update({entry_key(e): e for e in new})
     return sorted(merged.values(), key=lambda e: (e.get("candidate") is not None, e.get("candidate") or "", e.get("k") or 0, e["concurrency"]))
 
 
-def annotate_configs(configs: list[dict], measured: Sequence[dict]) -> None:
+def annotate_configs(configs: list[ConfigEntry], measured: Sequence[MeasuredEntry]) -> None:
     """Copy the headline measured figures into the matching ``configs[].per_concurrency`` rows (the CSV's *_measured columns)."""
     by_key = {entry_key(e): e for e in measured if e.get("candidate") is not None}
     for config in configs:
@@ -930,7 +932,7 @@ def measure_config(config: VerifyConfig, target_dir: Path, plan: RunPlan, option
     return run
 
 
-def entries_of(run: EngineRun, verify_id: str, levels: Sequence[int]) -> list[dict[str, Any]]:
+def entries_of(run: EngineRun, verify_id: str, levels: Sequence[int]) -> list[MeasuredEntry]:
     """The measured entries of one engine run (before comparison), one per concurrency level."""
     config = run.config
     common = {
@@ -1168,7 +1170,7 @@ class VerifyRun:
 def save_results(results: results_mod.Results, path: Path) -> None:
     """Write the results JSON (atomically) and its CSV beside it (same stem)."""
     path = Path(path)
-    atomic_write_json(path, results.model_dump(mode="json"))
+    atomic_write_json(path, results_mod.to_json(results))
     atomic_write_text(path.with_suffix(".csv"), results_mod.to_csv(results))
 
 

@@ -186,7 +186,7 @@ CASES: dict[str, Case] = {
                                     {"cand": candidate(target="{blob}"), "blob": b"\x00" * 64}),
     # results files
     "results of another schema version (report)": Case(["report", "{results}"],
-                                                       ["{results}", "results schema version 99 is not the version this draftfit reads (1)",
+                                                       ["{results}", "results schema version 99 is not the version this draftfit reads (2)",
                                                         "Re-run `draftfit rank`"], {"results": '{"schema_version": 99, "run_id": "x"}'}),
     "results of another schema version (verify)": Case(["verify", "{results}", "--top", "1"],
                                                        ["{results}", "results schema version 0", "Re-run `draftfit rank`"],

@@ -456,7 +456,7 @@ def test_cli_report_rerenders_beside_the_results(tmp_path):
 @pytest.mark.parametrize(
     "content, message, fix",
     [
-        (lambda d: {**d, "schema_version": 99}, "results schema version 99 is not the version this draftfit reads (1)",
+        (lambda d: {**d, "schema_version": 99}, "results schema version 99 is not the version this draftfit reads (2)",
          "Re-run `draftfit rank` with draftfit"),
         (lambda d: {"run_id": "x"}, "not a draftfit results file (no schema_version)", "Pass a results.json written by `draftfit rank`"),
         (lambda d: "{truncated", "not a valid JSON results file", "Re-run `draftfit rank`"),
