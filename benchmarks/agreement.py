@@ -6,7 +6,7 @@ length-stratified sample of the demo set, chat template applied.
 
 Predicted (draftfit's offline pipeline): vLLM target trajectories (float32, top-20 processed
 logprobs, generated max(k) tokens past max_tokens so that length stops are exact) + one-prefill
-draft scores → per-position acceptance → the walk (:mod:`draftfit.predict`). Bounds come from
+draft scores → per-position acceptance → the walk (:mod:`draftfit.acceptance_walk`). Bounds come from
 what the data cannot tell (top-K mass, acceptance past an EOS); the 95% CI is a bootstrap over
 prompts.
 
@@ -108,19 +108,20 @@ def main() -> None:
         simulate_assisted_outputs,
     )
 
-    from draftfit import predict
+    from draftfit import acceptance_walk
     from draftfit.acceptance import Interval, walk
     from draftfit.chat_template import ChatTokenizer
     from draftfit.derive import first_layers
+    from draftfit.draft_scoring import score_draft
     from draftfit.engines import EngineConfig, SamplingSpec
     from draftfit.engines.hf_engine import HFEngine
     from draftfit.engines.vllm_engine import run_speculative
     from draftfit.methods.draft_model import draft_model_config
     from draftfit.methods.ngram import ngram_config
     from draftfit.ngram import ngram_walk
-    from draftfit.prompts import DEMO_PROMPTS, load_prompts, sample_prompts
+    from draftfit.prompts.loading import DEMO_PROMPTS, load_prompts
+    from draftfit.prompts.sampling import sample_prompts
     from draftfit.refs import metadata_dir, model_dir, resolve
-    from draftfit.scoring import score_draft
     from draftfit.trajectories import target_trajectories
 
     hot = float(args.hot)
@@ -155,7 +156,7 @@ def main() -> None:
 
     rows, paired = [], []
 
-    def row(method, k, t, rule, pred: predict.PredictedAL, truth_al, truth_lohi, source, pred_counts=None, truth_counts=None):
+    def row(method, k, t, rule, pred: acceptance_walk.PredictedAL, truth_al, truth_lohi, source, pred_counts=None, truth_counts=None):
         err = (pred.point - truth_al) / truth_al
         rows.append({
             "method": method, "k": k, "T": t, "rule": rule, "pred": pred, "truth": truth_al, "truth_ci": truth_lohi,
@@ -168,16 +169,16 @@ def main() -> None:
         for k in args.k:
             if method == "ngram":
                 spec = ngram_config(k, *NGRAM)
-                walked = predict.predict_ngram(trajsets[0.0], [k], *NGRAM, args.max_model_len, max_tokens=mt)
+                walked = acceptance_walk.predict_ngram(trajsets[0.0], [k], *NGRAM, args.max_model_len, max_tokens=mt)
             else:
                 spec = draft_model_config(model_dir(drafts[method]), k)
-                walked = predict.predict_model_draft(trajsets[0.0], scores[0.0, method], [k], max_tokens=mt)
+                walked = acceptance_walk.predict_model_draft(trajsets[0.0], scores[0.0, method], [k], max_tokens=mt)
             run = run_speculative(target_dir, prompts, SamplingSpec(0.0, 1.0, mt, 0), spec, dtype="float32",
                                   max_model_len=args.max_model_len, gpu_memory_utilization=0.12, progress=False)
             c = run.counters
             same = sum(np.array_equal(o, tr.token_ids[:mt]) for o, tr in zip(run.output_token_ids, trajsets[0.0].trajectories, strict=True))
             log(f"T=0 {method} k={k}: vLLM AL {c.mean_acceptance_length:.3f}; outputs equal to the trajectories: {same}/{len(prompts)}")
-            pred = predict.summarize(walked, k)
+            pred = acceptance_walk.summarize(walked, k)
             row(method, k, 0.0, "greedy", pred, c.mean_acceptance_length, None, "vLLM counters",
                 pred.counts, (c.num_drafts, c.num_accepted_tokens))
 
@@ -198,10 +199,10 @@ def main() -> None:
                 log(f"T={hot} {method} k={k} greedy-draft reference: AL {run.counts.mean_acceptance_length:.3f} "
                     f"({time.perf_counter() - start:.0f} s)")
                 if method == "ngram":
-                    walked = predict.predict_ngram(trajsets[hot], [k], *NGRAM, args.max_model_len, max_tokens=mt)
+                    walked = acceptance_walk.predict_ngram(trajsets[hot], [k], *NGRAM, args.max_model_len, max_tokens=mt)
                 else:
-                    walked = predict.predict_model_draft(trajsets[hot], scores[hot, method], [k], "greedy-draft", max_tokens=mt)
-                row(method, k, hot, "greedy-draft", predict.summarize(walked, k), run.counts.mean_acceptance_length,
+                    walked = acceptance_walk.predict_model_draft(trajsets[hot], scores[hot, method], [k], "greedy-draft", max_tokens=mt)
+                row(method, k, hot, "greedy-draft", acceptance_walk.summarize(walked, k), run.counts.mean_acceptance_length,
                     truth_ci(run.per_prompt, k), "reference MC of vLLM's rule")
                 # paired: the walk over the reference's own emitted tokens (exact for one-hot drafts)
                 emitted = as_trajectories(prompts, run.emitted_token_ids, run.finish_reasons)
@@ -224,15 +225,15 @@ def main() -> None:
                 log(f"T={hot} {method} k={k} transformers assisted: AL {run.counts.mean_acceptance_length:.3f} "
                     f"({time.perf_counter() - start:.0f} s)")
                 exact = hf[method].score_exact(hf_target, *trajsets[hot].sequences(), sampling, 2, draft_temperature=hot**2)
-                walked = predict.predict_model_draft(trajs, exact, [k], "probabilistic", temperature=hot,
+                walked = acceptance_walk.predict_model_draft(trajs, exact, [k], "probabilistic", temperature=hot,
                                                      engine="transformers", max_tokens=mt)
-                row(method, k, hot, "probabilistic", predict.summarize(walked, k), run.counts.mean_acceptance_length,
+                row(method, k, hot, "probabilistic", acceptance_walk.summarize(walked, k), run.counts.mean_acceptance_length,
                     truth_ci(run.per_prompt, k), "transformers assisted")
                 # paired: expected counters given the run's own outputs, and their Monte-Carlo spread
                 outs = as_trajectories(prompts, run.output_token_ids, run.finish_reasons)
                 ex = hf[method].score_exact(hf_target, [o.sequence for o in outs], [o.response_start for o in outs],
                                             sampling, 2, draft_temperature=hot**2)
-                own = predict.predict_model_draft(outs, ex, [k], "probabilistic", temperature=hot,
+                own = acceptance_walk.predict_model_draft(outs, ex, [k], "probabilistic", temperature=hot,
                                                   engine="transformers", max_tokens=mt)
                 sims = simulate_assisted_outputs(outs, ex, k, mt, 1000)
                 al_sims = 1 + sims[:, 1] / sims[:, 0]

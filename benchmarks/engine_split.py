@@ -66,9 +66,9 @@ def main() -> None:
     args = parser.parse_args()
 
     from draftfit.derive import first_layers
+    from draftfit.draft_scoring import score_draft
     from draftfit.engines import EngineConfig, SamplingSpec
     from draftfit.refs import model_dir, resolve
-    from draftfit.scoring import score_draft
     from draftfit.trajectories import target_trajectories
 
     dtype = args.dtype or ("bfloat16" if args.backend == "vllm" else "float32")

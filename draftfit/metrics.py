@@ -218,3 +218,27 @@ def counts_from_vllm_metrics(metrics: Iterable[Any]) -> SpecCounts:
             fix="Create the LLM with a speculative_config and disable_log_stats=False.",
         )
     return SpecCounts(drafts, draft_tokens, accepted, per_pos)
+
+
+def decode_steps(walked, answer_lengths) -> tuple[np.ndarray, np.ndarray]:
+    """Per k: useful tokens per decode step over all steps, and the share of steps with drafts.
+
+    After the prefill token, a prompt's ``e = n − 1`` tokens come from decode steps. ``D`` of them
+    carry drafts and accept ``A`` tokens in all; every other step emits one token, so there are
+    ``max(e − D − A, 0)`` of those (the last drafting step may accept past the stop, which vLLM
+    counts but nobody reads). Summed over prompts: tokens/step = Σe / Σsteps, fraction = ΣD / Σsteps.
+    """
+    return tokens_per_step(walked.num_drafts, walked.num_accepted_tokens, answer_lengths)
+
+
+def tokens_per_step(num_drafts, num_accepted_tokens, answer_lengths) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`decode_steps` of per-prompt counters ``[prompts, ks]`` (any subset of the prompts)."""
+    emitted = np.maximum(np.asarray(answer_lengths, float) - 1.0, 0.0)[:, None]
+    drafts = np.asarray(num_drafts, float)
+    accepted = np.asarray(num_accepted_tokens, float)
+    plain = np.maximum(emitted - drafts - accepted, 0.0)
+    steps = (drafts + plain).sum(axis=0)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        per_step = np.where(steps > 0, emitted.sum() / steps, 1.0)
+        fraction = np.where(steps > 0, drafts.sum(axis=0) / steps, 0.0)
+    return per_step, fraction

@@ -11,7 +11,7 @@ Cache entries are :mod:`draftfit.cachedir` directories: written into a temporary
 renamed into place, with a manifest of the SHA-256 of every file written last; an entry whose
 manifest is missing or does not match its files (a crash, a truncated copy) is rebuilt.
 
-The helpers :func:`save_entry` / :func:`load_entry` are shared with :mod:`draftfit.scoring`.
+The helpers :func:`save_entry` / :func:`load_entry` are shared with :mod:`draftfit.draft_scoring`.
 """
 
 from __future__ import annotations

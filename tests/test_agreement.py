@@ -39,7 +39,7 @@ from reference_spec import (
     simulate_assisted_outputs,
 )
 
-from draftfit import predict
+from draftfit import acceptance_walk
 from draftfit.acceptance import Interval, TopLogprobs, bootstrap, position_acceptance
 from draftfit.engines.base import DraftScore, SamplingSpec, Trajectory
 from draftfit.errors import DraftfitError
@@ -108,7 +108,7 @@ ASSISTED_BY_HAND = [
 @pytest.mark.parametrize("flags, k, max_tokens, eos, expected", ASSISTED_BY_HAND)
 def test_assisted_walk_by_hand(flags, k, max_tokens, eos, expected):
     assert _assisted_brute(flags, k, max_tokens, eos) == expected
-    walked = predict.walk_assisted([Interval.point(np.array(flags, float))], [k], [len(flags)], max_tokens, [eos])
+    walked = acceptance_walk.walk_assisted([Interval.point(np.array(flags, float))], [k], [len(flags)], max_tokens, [eos])
     c = walked.lower.counts(k)
     assert (c.num_drafts, c.num_accepted_tokens, c.accepted_per_pos.tolist()) == expected
     assert walked.exact
@@ -132,7 +132,7 @@ def test_assisted_walk_is_the_exact_expectation(probs, k, extra, eos):
         if weight:
             d, a, pos = _assisted_brute(pattern, k, max_tokens, eos)
             expected += weight * np.array([d, a, *pos], float)
-    c = predict.walk_assisted([Interval.point(p)], [k], [n], max_tokens, [eos]).lower.counts(k)
+    c = acceptance_walk.walk_assisted([Interval.point(p)], [k], [n], max_tokens, [eos]).lower.counts(k)
     np.testing.assert_allclose([c.num_drafts, c.num_accepted_tokens, *c.accepted_per_pos], expected, atol=1e-9)
 
 
@@ -140,7 +140,7 @@ def test_assisted_simulation_matches_the_walk():
     rng = np.random.default_rng(0)
     beta = rng.choice([0.2, 0.9, 1.0], size=30)
     sims = simulate_assisted(beta, 30, 3, 30, False, 4000, rng)
-    c = predict.walk_assisted([Interval.point(beta)], [3], [30], 30).lower.counts(3)
+    c = acceptance_walk.walk_assisted([Interval.point(beta)], [3], [30], 30).lower.counts(3)
     se = sims.std(axis=0) / np.sqrt(len(sims))
     assert abs(sims[:, 0].mean() - c.num_drafts) < 4 * se[0]
     assert abs(sims[:, 1].mean() - c.num_accepted_tokens) < 4 * se[1]
@@ -186,24 +186,24 @@ def test_predict_model_draft_with_look_ahead_is_exact():
     # response 10..16 generated two tokens past max_tokens=5; the draft agrees everywhere but at 3
     traj = _trajectory([1, 2], [10, 11, 12, 13, 14, 15, 16])
     draft = _score([10, 11, 12, 99, 14, 15, 16])
-    walked = predict.predict_model_draft([traj], [draft], [2], "greedy", max_tokens=5, temperature=0.0)
+    walked = acceptance_walk.predict_model_draft([traj], [draft], [2], "greedy", max_tokens=5, temperature=0.0)
     # steps: at 1 (accepts 1, 2, bonus 3), at 4 (accepts 4 and 5 — past the stop, still counted)
     assert walked.exact
     c = walked.lower.counts(2)
     assert (c.num_drafts, c.num_draft_tokens, c.num_accepted_tokens) == (2, 4, 4)
     # without the look-ahead the last step's acceptance at 5 is unknown: AL between 2.5 and 3
-    cut = predict.predict_model_draft([_trajectory([1, 2], [10, 11, 12, 13, 14])],
+    cut = acceptance_walk.predict_model_draft([_trajectory([1, 2], [10, 11, 12, 13, 14])],
                                       [_score([10, 11, 12, 99, 14])], [2], "greedy", temperature=0.0)
     assert not cut.exact
-    summary = predict.summarize(cut, 2)
+    summary = acceptance_walk.summarize(cut, 2)
     assert (summary.lower, summary.point, summary.upper) == (2.5, 2.75, 3.0)
-    assert predict.summarize(walked, 2).point == 3.0
+    assert acceptance_walk.summarize(walked, 2).point == 3.0
 
 
 def test_ngram_proposals_are_verified_one_hot_under_every_rule():
     # the answer repeats the prompt, so lookup (n = 2..3) finds it; 9 at the end is a miss
     traj = _trajectory([1, 2, 3, 4], [1, 2, 3, 4, 1, 2, 3, 9, 5])
-    walks = [predict.predict_ngram([traj], [2, 3], 2, 3, None, rule, max_tokens=8)
+    walks = [acceptance_walk.predict_ngram([traj], [2, 3], 2, 3, None, rule, max_tokens=8)
              for rule in ("greedy", "greedy-draft", "probabilistic")]
     for other in walks[1:]:
         for k in (2, 3):
@@ -240,7 +240,7 @@ def test_exact_inputs_are_used_when_present():
         ("probabilistic", "conditional"): [0.5, 1.0, 1.0],  # min(1, q(y)/p(y))
     }
     for (rule, estimator), expected in table.items():
-        (acc,) = predict.model_draft_acceptance([traj], [score], rule, estimator, temperature=HOT)
+        (acc,) = acceptance_walk.model_draft_acceptance([traj], [score], rule, estimator, temperature=HOT)
         assert acc.exact
         np.testing.assert_allclose(acc.lower, expected, rtol=1e-6)
 
@@ -248,16 +248,16 @@ def test_exact_inputs_are_used_when_present():
 @pytest.mark.parametrize(
     "call, message",
     [
-        (lambda: predict.predict_model_draft([_trajectory([1], [5, 6])], [], [2], "greedy", temperature=0.0),
+        (lambda: acceptance_walk.predict_model_draft([_trajectory([1], [5, 6])], [], [2], "greedy", temperature=0.0),
          "0 draft scores for 1 trajectories"),
-        (lambda: predict.predict_model_draft([_trajectory([1], [5, 6])], [_score([5])], [2], "greedy", temperature=0.0),
+        (lambda: acceptance_walk.predict_model_draft([_trajectory([1], [5, 6])], [_score([5])], [2], "greedy", temperature=0.0),
          "draft scores of response 0 cover 1 positions, the response has 2"),
-        (lambda: predict.predict_ngram([_trajectory([1], [5, 6])], [2], 1, 2, None, "sampled"),
+        (lambda: acceptance_walk.predict_ngram([_trajectory([1], [5, 6])], [2], 1, 2, None, "sampled"),
          "unknown acceptance rule 'sampled'"),
-        (lambda: predict.predict_model_draft([_trajectory([1], [5, 6])], [_score([5, 6])], [2], "greedy",
+        (lambda: acceptance_walk.predict_model_draft([_trajectory([1], [5, 6])], [_score([5, 6])], [2], "greedy",
                                              temperature=0.0, engine="tgi"),
          "unknown engine 'tgi'"),
-        (lambda: predict.predict_model_draft([_trajectory([1], [5, 6])], [_score([5, 6])], [2], "probabilistic",
+        (lambda: acceptance_walk.predict_model_draft([_trajectory([1], [5, 6])], [_score([5, 6])], [2], "probabilistic",
                                              temperature=0.0),
          "the probabilistic rule needs a temperature > 0"),
     ],
@@ -347,8 +347,8 @@ def spec_runs(smollm2_model, derived, prompts, vllm_data):
 def _predict(method: str, ks, data, temperature: float, engine: str = "vllm", scores=None):
     trajs = data[temperature]["trajectories"]
     if method == "ngram":
-        return predict.predict_ngram(trajs, ks, *NGRAM, 1024, max_tokens=MAX_TOKENS)
-    return predict.predict_model_draft(
+        return acceptance_walk.predict_ngram(trajs, ks, *NGRAM, 1024, max_tokens=MAX_TOKENS)
+    return acceptance_walk.predict_model_draft(
         trajs, scores if scores is not None else data[temperature][method], ks,
         max_tokens=MAX_TOKENS, temperature=temperature, engine=engine,
     )
@@ -365,7 +365,7 @@ def test_greedy_prediction_matches_vllms_own_counters(method, k, vllm_data, spec
     assert same >= len(trajs) - 1
     truth = run.counters
     walked = _predict(method, [k], vllm_data, 0.0)
-    pred = predict.summarize(walked, k)
+    pred = acceptance_walk.summarize(walked, k)
     assert truth.num_drafts > 0
     assert pred.lower - 1e-9 <= truth.mean_acceptance_length <= pred.upper + 1e-9
     assert abs(pred.point - truth.mean_acceptance_length) <= AL_TOLERANCE_T0 * truth.mean_acceptance_length
@@ -411,9 +411,9 @@ def test_backends_agree_on_greedy_acceptance(vllm_data, hf_smollm2, hf_derived):
         compared += int(clear.sum())
     assert compared >= 0.9 * sum(len(t) for t in trajs)
     for k in KS:
-        a = predict.predict_model_draft(trajs, vllm_scores, [k], "greedy", max_tokens=MAX_TOKENS, temperature=0.0)
-        b = predict.predict_model_draft(trajs, exact, [k], "greedy", max_tokens=MAX_TOKENS, temperature=0.0)
-        assert abs(predict.summarize(a, k).point - predict.summarize(b, k).point) <= 0.01 * predict.summarize(b, k).point
+        a = acceptance_walk.predict_model_draft(trajs, vllm_scores, [k], "greedy", max_tokens=MAX_TOKENS, temperature=0.0)
+        b = acceptance_walk.predict_model_draft(trajs, exact, [k], "greedy", max_tokens=MAX_TOKENS, temperature=0.0)
+        assert abs(acceptance_walk.summarize(a, k).point - acceptance_walk.summarize(b, k).point) <= 0.01 * acceptance_walk.summarize(b, k).point
 
 
 @pytest.mark.slow
@@ -454,7 +454,7 @@ def _within(pred_walk, truth_counts, k: int) -> tuple[float, float, float]:
     """(predicted AL, truth AL, tolerance): Z combined bootstrap standard errors over prompts."""
     from draftfit.acceptance import WalkCounts
 
-    point = predict.midpoint(pred_walk)
+    point = acceptance_walk.midpoint(pred_walk)
     p_ci = bootstrap(point, n_resamples=2000, seed=0, level=0.6827)
     i = int(np.flatnonzero(point.ks == k)[0])
     se_p = (p_ci.mean_acceptance_length_high[i] - p_ci.mean_acceptance_length_low[i]) / 2
@@ -523,7 +523,7 @@ def test_probabilistic_rule_against_transformers(assisted_truth, hf_smollm2, pro
     # paired: exact β_t = min(1, q(y_t)/p(y_t)) with the assistant's q at T² (module doc of
     # reference_spec) along the run's own outputs → the expected counters given those outputs
     exact = hf_smollm2.score_exact(hf_smollm2, *_sequences(outputs), sampling, 2, draft_temperature=HOT**2)
-    walked = predict.predict_model_draft(outputs, exact, [k], "probabilistic", temperature=HOT,
+    walked = acceptance_walk.predict_model_draft(outputs, exact, [k], "probabilistic", temperature=HOT,
                                          engine="transformers", max_tokens=MAX_TOKENS)
     sims = simulate_assisted_outputs(outputs, exact, k, MAX_TOKENS, 2000)
     expected = walked.lower.counts(k)
@@ -533,13 +533,13 @@ def test_probabilistic_rule_against_transformers(assisted_truth, hf_smollm2, pro
     assert abs(truth.num_drafts - expected.num_drafts) <= Z * sims[:, 0].std() + 1e-9
     # the assistant really drafts at T²: with q at T the self-draft would accept every draft
     at_t = hf_smollm2.score_exact(hf_smollm2, *_sequences(outputs), sampling, 2)
-    naive = predict.predict_model_draft(outputs, at_t, [k], "probabilistic", temperature=HOT,
+    naive = acceptance_walk.predict_model_draft(outputs, at_t, [k], "probabilistic", temperature=HOT,
                                         engine="transformers", max_tokens=MAX_TOKENS).lower.counts(k)
     assert truth.num_accepted_tokens < naive.num_accepted_tokens - Z * sims[:, 1].std()
     # unpaired: the prediction from vLLM's own sampled trajectories, scored exactly
     trajs = vllm_data[HOT]["trajectories"]
     scores = hf_smollm2.score_exact(hf_smollm2, *_sequences(trajs), sampling, 2, draft_temperature=HOT**2)
-    pred = predict.predict_model_draft(trajs, scores, [k], "probabilistic", temperature=HOT,
+    pred = acceptance_walk.predict_model_draft(trajs, scores, [k], "probabilistic", temperature=HOT,
                                        engine="transformers", max_tokens=MAX_TOKENS)
     pred_al, truth_al, tol = _within(pred, run.per_prompt, k)
     assert abs(pred_al - truth_al) <= tol, (pred_al, truth_al, tol)

@@ -19,7 +19,7 @@ import tokfactory as tf
 from click.testing import CliRunner
 
 from draftfit.cli import cli
-from draftfit.prompts import MAX_RECORD_BYTES
+from draftfit.prompts.loading import MAX_RECORD_BYTES
 
 # --- the tripwire: no engine, no trajectories, no derived draft ---------------------------------
 
@@ -273,7 +273,7 @@ def test_the_record_limit_is_far_beyond_any_context():
 
 def test_a_long_prompt_within_the_limit_loads_from_csv(tmp_path):
     """CSV fields past the csv module's default 128 KiB limit are fine up to the record limit."""
-    from draftfit.prompts import load_prompts
+    from draftfit.prompts.loading import load_prompts
 
     long = "token " * 50_000  # 300 KB
     path = tmp_path / "long.csv"
@@ -287,7 +287,7 @@ def test_the_huge_line_is_not_read_whole(tmp_path):
     import tracemalloc
 
     from draftfit.errors import DraftfitError
-    from draftfit.prompts import load_prompts
+    from draftfit.prompts.loading import load_prompts
 
     path = tmp_path / "huge.jsonl"
     _huge_line(path)

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from draftfit.candidates import Candidate, build_study, load_candidate, load_candidates
 from draftfit.errors import DraftfitError
-from draftfit.prompts import load_prompts
+from draftfit.prompts.loading import load_prompts
 
 SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 

@@ -167,25 +167,17 @@ class _Session:
         self.engines += 1
 
         class Engine:
-            llm = None
-            info = type("Info", (), {"engine_id": "stub", "dtype": "float32"})()
+            def step_profile(self, **kw):
+                from draftfit import profiling
 
-            def timed(self, op):
-                from contextlib import nullcontext
-
-                return nullcontext()
-
-            def served_compute(self):
-                from contextlib import nullcontext
-
-                return nullcontext(1)
+                return profiling.measure_step_profile(None, **kw), 1
 
         return Engine()
 
 
 @pytest.mark.parametrize("damage", [_truncate_json, _edit_payload], ids=["truncated", "edited"])
 def test_rank_measures_a_damaged_profile_again(tmp_path, monkeypatch, damage):
-    from draftfit import profiling, rank
+    from draftfit import pipeline, profiling
     from draftfit.refs import ModelRef
 
     monkeypatch.setenv("DRAFTFIT_CACHE", str(tmp_path / "cache"))
@@ -201,12 +193,12 @@ def test_rank_measures_a_damaged_profile_again(tmp_path, monkeypatch, damage):
     model.mkdir()
     (model / "config.json").write_text("{}")
     session = _Session(ModelRef(str(model), "dir", str(model)))
-    first = rank.measured_profile(session, {"engine": "x"}, {"quick": 1}, 10, lambda m: None)
-    again = rank.measured_profile(session, {"engine": "x"}, {"quick": 1}, 10, lambda m: None)
+    first = pipeline.measured_profile(session, {"engine": "x"}, {"quick": 1}, 10, lambda m: None)
+    again = pipeline.measured_profile(session, {"engine": "x"}, {"quick": 1}, 10, lambda m: None)
     assert (first["from_cache"], again["from_cache"], session.engines) == (False, True, 1)
     [path] = (tmp_path / "cache" / "profiles").iterdir()
     damage(path)
-    rebuilt = rank.measured_profile(session, {"engine": "x"}, {"quick": 1}, 10, lambda m: None)
+    rebuilt = pipeline.measured_profile(session, {"engine": "x"}, {"quick": 1}, 10, lambda m: None)
     assert (rebuilt["from_cache"], session.engines, rebuilt["profile"]["n_samples"]) == (False, 2, 2)
 
 

@@ -91,7 +91,7 @@ def test_vllm_version_option(pairs, version, verdict, in_fix):
 
 
 def test_installed_vllm_is_the_default(pairs):
-    from draftfit.deploy import installed_vllm_version
+    from draftfit.vllm_versions import installed_vllm_version
 
     installed = installed_vllm_version()
     if installed is None:

@@ -19,8 +19,8 @@ from draftfit.compat import (
     compare_files,
     load_model_files,
 )
-from draftfit.compat.engines import VLLM_VOCAB_ERROR, llama_vocab_type
 from draftfit.compat.schema import TokenDifference
+from draftfit.compat.verdicts import VLLM_VOCAB_ERROR, llama_vocab_type
 from draftfit.errors import DraftfitError
 from draftfit.probe_corpus import FILE_CATEGORY, ProbeText, builtin_probe_texts, read_probe_file
 

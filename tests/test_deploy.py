@@ -10,14 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from draftfit.deploy import (
-    SpecConfig,
-    installed_vllm_version,
-    parse_version,
-    validate_schedule,
-    vllm_command,
-)
+from draftfit.deploy import SpecConfig, validate_schedule, vllm_command
 from draftfit.errors import DraftfitError
+from draftfit.vllm_versions import installed_vllm_version, parse_version
 
 TARGET = "meta-llama/Llama-3.1-70B-Instruct"
 DRAFT = "meta-llama/Llama-3.1-8B-Instruct"

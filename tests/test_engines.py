@@ -114,7 +114,7 @@ def test_missing_vllm_says_what_to_install(tmp_path):
 def test_importing_engines_pulls_no_heavy_modules():
     code = (
         "import sys, draftfit.engines, draftfit.engines.vllm_engine, draftfit.engines.hf_engine, "
-        "draftfit.trajectories, draftfit.scoring, draftfit.derive\n"
+        "draftfit.trajectories, draftfit.draft_scoring, draftfit.derive\n"
         "print(sorted(m for m in ('torch', 'vllm', 'transformers') if m in sys.modules))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()

@@ -12,10 +12,11 @@ from pathlib import Path
 import pytest
 
 from draftfit.candidates import DraftSpec, StudySettings, load_candidate
-from draftfit.deploy import SpecConfig, installed_vllm_version, vllm_command
+from draftfit.deploy import SpecConfig, vllm_command
 from draftfit.errors import DraftfitError
 from draftfit.methods import CANDIDATE_METHODS, METHODS, PlanContext, get_method
 from draftfit.methods.base import DraftMethod
+from draftfit.vllm_versions import installed_vllm_version
 
 # One candidate file per registered method (the derived draft is the early-exit self-draft).
 CANDIDATES = {

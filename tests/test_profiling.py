@@ -35,6 +35,6 @@ def test_verify_k_values(max_k, points, expected):
     ],
 )
 def test_profile_batch_sizes_follow_the_study(plan, levels, expected):
-    from draftfit.rank import profile_batch_sizes
+    from draftfit.pipeline import profile_batch_sizes
 
     assert profile_batch_sizes(plan, levels) == expected

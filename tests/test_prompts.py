@@ -11,16 +11,15 @@ import pytest
 
 from draftfit.chat_template import ChatTokenizer
 from draftfit.errors import DraftfitError
-from draftfit.prompts import (
+from draftfit.prompts.loading import (
     BUCKETS,
     DEFAULT_THRESHOLDS,
     DEMO_PROMPTS,
     UNCATEGORIZED,
     PromptWarning,
-    bucket_of,
     load_prompts,
-    sample_prompts,
 )
+from draftfit.prompts.sampling import bucket_of, sample_prompts
 
 DATA = Path(__file__).parent / "data" / "prompts"
 DEMO = DEMO_PROMPTS

@@ -127,7 +127,7 @@ def test_decode_steps_count_steps_without_drafts():
     import numpy as np
 
     from draftfit.acceptance import WalkCounts
-    from draftfit.rank import decode_steps
+    from draftfit.metrics import decode_steps
 
     # prompt 0: 11 tokens after the prefill one; 3 drafting steps accepted 5, so 3 plain steps
     # prompt 1: 5 tokens; 2 drafting steps accepted 4 (one past the stop): no plain step

@@ -1,6 +1,6 @@
 """The terminal table of `draftfit rank`, before and after `draftfit verify` has measured configs."""
 
-from draftfit.rank import format_table
+from draftfit.cli.tables import format_table
 from draftfit.results import Results
 
 

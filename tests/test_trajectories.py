@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 from engine_fixtures import make_model_dir
 
+from draftfit.draft_scoring import score_draft, score_drafts
 from draftfit.engines import EngineConfig, SamplingSpec
 from draftfit.errors import DraftfitError
 from draftfit.refs import resolve
-from draftfit.scoring import score_draft, score_drafts
 from draftfit.trajectories import (
     MANIFEST,
     load_trajectories,

@@ -15,7 +15,8 @@ from click.testing import CliRunner
 
 from draftfit.cli import cli
 from draftfit.errors import DraftfitError, ModelRefError
-from draftfit.prompts import load_prompts, prompt_digest, sample_prompts
+from draftfit.prompts.loading import load_prompts, prompt_digest
+from draftfit.prompts.sampling import sample_prompts
 from draftfit.refs import custom_code, metadata_dir, resolve
 
 # Code a hostile repository ships: importing it writes the marker file named in its first line.

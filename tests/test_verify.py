@@ -23,19 +23,16 @@ from draftfit.candidates import StudySettings
 from draftfit.cli import cli
 from draftfit.errors import DraftfitError
 from draftfit.metrics import SpecCounts
-from draftfit.verify import (
-    RequestRecord,
-    RunPlan,
-    _load,
+from draftfit.verify.comparison import (
     engine_sanity,
-    latency_summary,
+    entry_key,
     merge_measured,
-    parse_config,
     relative_error,
     rollout_flags,
-    select_configs,
-    stagger_tokens,
 )
+from draftfit.verify.latency import RequestRecord, latency_summary
+from draftfit.verify.load import RunPlan, send_load, stagger_tokens
+from draftfit.verify.selection import parse_config, select_configs
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -211,7 +208,7 @@ def test_new_measurements_replace_old_ones_of_the_same_key():
 
 
 def test_recompare_keeps_measurements_and_redoes_predictions_errors_and_flags():
-    from draftfit.verify import recompare
+    from draftfit.verify.comparison import recompare
 
     level = {"concurrency": 1, "al_predicted": 3.0, "al_ci_low": 2.8, "al_ci_high": 3.2, "al_bound_low": 3.0, "al_bound_high": 3.0,
              "acceptance_rate_predicted": 0.67, "speedup_predicted": 1.5, "speedup_ci_low": 1.4, "speedup_ci_high": 1.6,
@@ -325,7 +322,7 @@ class StandInEngine:
         self.in_flight += 1
         self.max_in_flight = max(self.max_in_flight, self.in_flight)
         try:
-            hang = prompt["prompt_token_ids"] == [3]
+            hang = list(prompt) == [3]
             for i in range(self.tokens):
                 await asyncio.sleep(3600 if hang and i == 1 else 0.01)
                 yield Out(i == self.tokens - 1)
@@ -341,7 +338,7 @@ class StandInPlan(RunPlan):
 def test_load_keeps_c_requests_in_flight_and_aborts_at_the_time_limit():
     engine = StandInEngine()
     plan = StandInPlan([[0], [1], [2], [3], [4], [5]], 0.0, 1.0, 3, 0, (2,), requests=6, timeout_s=1.0)
-    records = asyncio.run(_load(engine, plan, 2, "t"))
+    records = asyncio.run(send_load(engine, plan, 2, "t"))
     assert engine.max_in_flight == 2 and engine.in_flight == 0
     errors = {r.prompt_index: r.error for r in records if r.error}
     assert list(errors) == [3] and errors[3].startswith("timeout")
@@ -351,7 +348,7 @@ def test_load_keeps_c_requests_in_flight_and_aborts_at_the_time_limit():
 def test_requests_cycle_over_the_prompts():
     engine = StandInEngine()
     plan = StandInPlan([[0], [1]], 0.0, 1.0, 3, 0, (1,), requests=5, timeout_s=30.0)
-    records = asyncio.run(_load(engine, plan, 1, "t"))
+    records = asyncio.run(send_load(engine, plan, 1, "t"))
     assert [r.prompt_index for r in records] == [0, 1, 0, 1, 0]
     assert engine.max_in_flight == 1
 
@@ -367,7 +364,7 @@ def test_first_wave_is_staggered_over_a_response(index, concurrency, max_tokens,
 def test_staggered_starts_spread_the_first_wave():
     engine = StandInEngine(tokens=8)
     plan = StandInPlan([[0], [1], [2], [4]], 0.0, 1.0, 8, 0, (4,), requests=8, timeout_s=30.0)
-    records = asyncio.run(_load(engine, plan, 4, "t"))
+    records = asyncio.run(send_load(engine, plan, 4, "t"))
     first = [r for r in records if r.index < 4]
     # request j starts once the run has produced 2·j tokens (one token per streamed output here)
     for j, r in enumerate(first):
@@ -524,7 +521,7 @@ def test_no_engine_process_outlives_verify(verified):
 
 
 def test_entries_hold_strict_json_numbers():
-    from draftfit.verify import _finite
+    from draftfit.verify.run import _finite
 
     assert _finite({"a": [float("nan"), 1.0], "b": {"c": float("inf")}}) == {"a": [None, 1.0], "b": {"c": None}}
 
@@ -545,7 +542,7 @@ def _record(status, key="k1", verify_id="20260101-000000"):
     ],
 )
 def test_only_the_last_unfinished_run_of_the_same_plan_resumes(runs, key, resumes):
-    from draftfit.verify import unfinished_run
+    from draftfit.verify.run import unfinished_run
 
     results = results_mod.Results.model_construct(provenance={"verify": runs})
     assert unfinished_run(results, key) is (runs[0] if resumes else None)
@@ -553,7 +550,7 @@ def test_only_the_last_unfinished_run_of_the_same_plan_resumes(runs, key, resume
 
 def test_the_plan_key_changes_with_what_is_measured_not_with_debug():
     from draftfit.engines import EngineConfig
-    from draftfit.verify import plan_key
+    from draftfit.verify.run import plan_key
 
     plan = RunPlan([[1, 2]], 0.0, 1.0, 16, 0, (1, 4), 8)
     options = EngineConfig(dtype="float32", max_model_len=1024, gpu_memory_utilization=0.2)
@@ -574,7 +571,7 @@ def test_an_interrupted_verify_goes_on_where_it_stopped(verified, tmp_path, monk
     configuration that was left, keeps the baseline it measured, and ends with the same entries as
     the uninterrupted run (the same vLLM counters at concurrency 1, where temperature 0 makes them
     deterministic)."""
-    import draftfit.verify as verify_mod
+    import draftfit.verify.run as verify_mod
     from draftfit import faults
 
     _, clean, path = verified
@@ -606,7 +603,7 @@ def test_an_interrupted_verify_goes_on_where_it_stopped(verified, tmp_path, monk
     runs = data["provenance"]["verify"]
     assert len(runs) == 1 and runs[0]["status"] == "complete" and runs[0]["resumed"] == 1
     assert entries(data, None) == entries(interrupted, None)  # kept as measured before the interruption
-    assert sorted(map(verify_mod.entry_key, data["measured"]), key=str) == sorted(map(verify_mod.entry_key, clean["measured"]), key=str)
+    assert sorted(map(entry_key, data["measured"]), key=str) == sorted(map(entry_key, clean["measured"]), key=str)
     assert {e["verify_id"] for e in data["measured"]} == {runs[0]["verify_id"]}
     spec = entries(data, "ngram-2-4")
     assert spec[1]["counts_measured"] == entries(clean, "ngram-2-4")[1]["counts_measured"]
@@ -632,7 +629,7 @@ def _config_with_prompts():
 def test_the_prediction_covers_the_prompts_verify_sent():
     """By hand: all prompts: AL 1 + 10/20 = 1.5, 40 tokens in 30 steps; the first prompt alone:
     AL 2.0, 30 tokens in 20 steps. ITL = (30 − 6) · (40/30) / (30/20) + 6 = 27.33 ms."""
-    from draftfit.verify import predicted_level
+    from draftfit.verify.comparison import predicted_level
 
     results = _config_with_prompts()
     whole = predicted_level(results, "c", 2, 4)

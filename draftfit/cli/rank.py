@@ -77,7 +77,8 @@ def rank(candidate_files, study_file, reports_dir, run_id, gpu_catalog, profile_
       draftfit rank candidates/*.yaml --gpu "H100 SXM" --latency-source roofline --concurrency 1,8,32
     """
     from draftfit.candidates import build_study, check_inputs, load_candidates
-    from draftfit.rank import PROFILE_PLANS, RankRun, format_table
+    from draftfit.cli.tables import format_table
+    from draftfit.pipeline import PROFILE_PLANS, RankRun
 
     candidates, from_files = load_candidates(list(candidate_files))
     overrides = dict(options)

@@ -63,7 +63,9 @@ def verify(ctx, results_file, top, configs, candidate_files, ks, concurrency, re
       draftfit verify reports/RUN/results.json --config ngram-2-4:3
       draftfit verify reports/RUN/results.json --candidate candidates/eagle.yaml --k 3
     """
-    from draftfit.verify import VerifyRun, describe_plan, format_summary, verify_summary
+    from draftfit.cli.tables import describe_plan, format_summary
+    from draftfit.verify.comparison import verify_summary
+    from draftfit.verify.run import VerifyRun
 
     root = ctx.find_root()
     debug = bool((root.obj or {}).get("debug"))

@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from draftfit.compat import engines
+from draftfit.compat import verdicts
 from draftfit.compat.files import SPECIAL_ROLES, ModelFiles, load_model_files, text_config_value
 from draftfit.compat.schema import (
     COMPATIBLE,
@@ -116,7 +116,7 @@ def compare_files(
         intersection=intersection,
         engines={},
     )
-    report.engines = engines.engine_verdicts(report, target, draft, t_ids, d_ids, vllm_version=vllm_version)
+    report.engines = verdicts.engine_verdicts(report, target, draft, t_ids, d_ids, vllm_version=vllm_version)
     return report
 
 

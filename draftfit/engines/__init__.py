@@ -35,6 +35,7 @@ __all__ = [
     "ExactInputs",
     "SamplingSpec",
     "Trajectory",
+    "engine_class",
     "engine_id",
     "open_engine",
 ]
@@ -138,13 +139,19 @@ def engine_id(backend: str) -> str:
     return f"{dist}=={version}+torch=={torch_version}"
 
 
+def engine_class(backend: str) -> type[Engine]:
+    """The engine class of a backend; importing it loads neither torch nor vLLM (they load when an
+    engine is built), so its capabilities can be checked before anything loads."""
+    if backend == "vllm":
+        from draftfit.engines.vllm_engine import VLLMEngine
+
+        return VLLMEngine
+    from draftfit.engines.hf_engine import HFEngine
+
+    return HFEngine
+
+
 def open_engine(model_dir: str | Path, config: EngineConfig | None = None) -> Engine:
     """Load ``model_dir`` (a full HF directory, see :func:`draftfit.refs.model_dir`) in a backend."""
     config = config or EngineConfig()
-    if config.backend == "vllm":
-        from draftfit.engines.vllm_engine import VLLMEngine
-
-        return VLLMEngine.from_config(model_dir, config)
-    from draftfit.engines.hf_engine import HFEngine
-
-    return HFEngine.from_config(model_dir, config)
+    return engine_class(config.backend).from_config(model_dir, config)

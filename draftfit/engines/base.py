@@ -201,6 +201,8 @@ class Engine(abc.ABC):
     """A loaded model. Use as a context manager: leaving it frees the model (and its processes)."""
 
     name: str = "engine"
+    # whether step_profile can time real engine steps (the measured latency source of `rank`)
+    profiles_steps: bool = False
 
     def __init__(self) -> None:
         self.timings: list[CallTiming] = []
@@ -224,6 +226,12 @@ class Engine(abc.ABC):
 
     @abc.abstractmethod
     def _release(self) -> None: ...
+
+    def step_profile(self, *, vocab_size: int, origin: str, progress, **plan: Any) -> tuple[Any, int | None]:
+        """Time real engine steps and fit the step model (draftfit.profiling): the measured profile
+        (its origin: ``origin`` and the engine) and the compute threads it was timed with. Only
+        engines with ``profiles_steps`` can."""
+        raise NotImplementedError(f"the {self.name} engine cannot time engine steps")
 
     # -- lifecycle -----------------------------------------------------------------------------
 

@@ -47,6 +47,7 @@ from draftfit.engines.base import (
     empty_score,
 )
 from draftfit.errors import DraftfitError, EngineMissing
+from draftfit.metrics import SpecCounts, counts_from_vllm_metrics
 
 QUIET_LEVEL = "ERROR"
 DEFAULT_MAX_LOGPROBS = 20
@@ -221,42 +222,13 @@ def _rows(flat_or_list, first: int, count: int, width: int) -> tuple[np.ndarray,
 
 
 @dataclass
-class SpecDecodeCounters:
-    """vLLM's own speculative-decoding counters for one run (measured), with vLLM's definitions."""
-
-    num_drafts: int
-    num_draft_tokens: int
-    num_accepted_tokens: int
-    accepted_per_pos: list[int]  # marginal: position i counts steps whose first i+1 drafts were accepted
-
-    @property
-    def mean_acceptance_length(self) -> float:
-        """1 + accepted / drafts (includes the bonus token), as vLLM reports it."""
-        return 1.0 + self.num_accepted_tokens / self.num_drafts if self.num_drafts else float("nan")
-
-    @property
-    def acceptance_rate(self) -> float:
-        return self.num_accepted_tokens / self.num_draft_tokens if self.num_draft_tokens else float("nan")
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "num_drafts": self.num_drafts,
-            "num_draft_tokens": self.num_draft_tokens,
-            "num_accepted_tokens": self.num_accepted_tokens,
-            "accepted_per_pos": list(self.accepted_per_pos),
-            "mean_acceptance_length": self.mean_acceptance_length,
-            "acceptance_rate": self.acceptance_rate,
-        }
-
-
-@dataclass
 class SpecDecodeRun:
     """A real speculative-decoding run: outputs, vLLM's counters (measured) and wall times."""
 
     speculative_config: dict[str, Any]
     output_token_ids: list[np.ndarray]
     finish_reasons: list[str]
-    counters: SpecDecodeCounters
+    counters: SpecCounts  # measured, differenced around the run
     generate_seconds: float
     startup_seconds: float
     info: EngineInfo
@@ -288,70 +260,115 @@ def memory_kwargs(gpu_memory_utilization: float) -> dict[str, Any]:
     return kwargs
 
 
+def engine_kwargs(
+    model_dir: str | Path,
+    *,
+    dtype: str = "auto",
+    gpu_memory_utilization: float = 0.25,
+    max_model_len: int = 2048,
+    enforce_eager: bool = True,
+    seed: int = 0,
+    tensor_parallel_size: int = 1,
+    pipeline_parallel_size: int = 1,
+    data_parallel_size: int = 1,
+    trust_remote_code: bool = False,
+    speculative_config: dict[str, Any] | None = None,
+    **extra: Any,
+) -> dict[str, Any]:
+    """The engine arguments of every vLLM engine draftfit starts, offline ``LLM`` or ``AsyncLLM``."""
+    kwargs: dict[str, Any] = {
+        "model": str(model_dir),
+        "dtype": auto_dtype("vllm") if dtype == "auto" else dtype,
+        **memory_kwargs(gpu_memory_utilization),
+        "max_model_len": int(max_model_len),
+        "enforce_eager": bool(enforce_eager),
+        "seed": int(seed),
+        "tensor_parallel_size": int(tensor_parallel_size),
+        "pipeline_parallel_size": int(pipeline_parallel_size),
+        "trust_remote_code": bool(trust_remote_code),
+    }
+    if int(data_parallel_size) != 1:
+        kwargs["data_parallel_size"] = int(data_parallel_size)
+    if speculative_config is not None:
+        kwargs["speculative_config"] = dict(speculative_config)
+        kwargs["disable_log_stats"] = False  # the spec-decode counters are stats
+    kwargs.update(extra)
+    return kwargs
+
+
+def config_options(config) -> dict[str, Any]:
+    """:func:`engine_kwargs`' arguments from an :class:`~draftfit.engines.EngineConfig`."""
+    return {
+        "dtype": config.dtype, "gpu_memory_utilization": config.gpu_memory_utilization,
+        "max_model_len": config.max_model_len, "enforce_eager": config.enforce_eager, "seed": config.seed,
+        "tensor_parallel_size": config.tensor_parallel_size, "pipeline_parallel_size": config.pipeline_parallel_size,
+        "data_parallel_size": config.data_parallel_size, "trust_remote_code": config.trust_remote_code,
+        **dict(config.extra),
+    }
+
+
+class EngineProcesses:
+    """The processes an engine's start adds below this one, reaped when the engine closes.
+
+    Every vLLM engine draftfit starts goes through one of these, so none outlives draftfit's
+    close: those still alive after ``wait_s`` are killed by pid.
+    """
+
+    def __init__(self) -> None:
+        self._before = child_pids()
+        self.pids: set[int] = set()
+
+    def started(self) -> None:
+        self.pids = child_pids() - self._before
+
+    def reap(self, wait_s: float = SHUTDOWN_WAIT_S, *, started_since: bool = False) -> list[int]:
+        """Wait for the engine's processes to exit and return the survivors. ``started_since``: also
+        every process started below this one since the engine began (a failed start; an engine that
+        starts more while it runs)."""
+        if started_since:
+            self.pids |= child_pids() - self._before
+        self.pids = set(reap_processes(self.pids, wait_s))
+        return sorted(self.pids)
+
+
 class VLLMEngine(Engine):
     """One model loaded in vLLM's offline ``LLM``."""
 
     name = "vllm"
+    profiles_steps = True
 
     def __init__(
         self,
         model_dir: str | Path,
         *,
-        dtype: str = "auto",
-        gpu_memory_utilization: float = 0.25,
-        max_model_len: int = 2048,
-        enforce_eager: bool = True,
         max_logprobs: int = DEFAULT_MAX_LOGPROBS,
-        tensor_parallel_size: int = 1,
-        pipeline_parallel_size: int = 1,
-        data_parallel_size: int = 1,
-        seed: int = 0,
-        trust_remote_code: bool = False,
-        speculative_config: dict[str, Any] | None = None,
         progress: bool = True,
         debug: bool = False,
-        **llm_kwargs: Any,
+        **options: Any,
     ) -> None:
+        """``options``: :func:`engine_kwargs`' arguments (dtype, memory, lengths, parallelism,
+        ``speculative_config``) and any other ``vllm.LLM`` keyword."""
         super().__init__()
         start = time.perf_counter()
         vllm = import_vllm(debug)  # counted as start-up: importing vLLM takes seconds
         import_seconds = time.perf_counter() - start
         self.model_dir = Path(model_dir)
         self.progress = progress
-        self.max_model_len = int(max_model_len)
         self.max_logprobs = int(max_logprobs)
-        self._speculative = speculative_config is not None
-        kwargs: dict[str, Any] = {
-            "model": str(self.model_dir),
-            "dtype": auto_dtype("vllm") if dtype == "auto" else dtype,
-            **memory_kwargs(gpu_memory_utilization),
-            "max_model_len": self.max_model_len,
-            "enforce_eager": bool(enforce_eager),
-            "max_logprobs": self.max_logprobs,
-            "logprobs_mode": "processed_logprobs",
-            "seed": int(seed),
-            "tensor_parallel_size": int(tensor_parallel_size),
-            "pipeline_parallel_size": int(pipeline_parallel_size),
-            "trust_remote_code": bool(trust_remote_code),
-        }
-        if int(data_parallel_size) != 1:
-            kwargs["data_parallel_size"] = int(data_parallel_size)
-        if speculative_config is not None:
-            kwargs["speculative_config"] = dict(speculative_config)
-            kwargs["disable_log_stats"] = False
-        kwargs.update(llm_kwargs)
+        kwargs = engine_kwargs(self.model_dir, max_logprobs=self.max_logprobs, logprobs_mode="processed_logprobs", **options)
+        self.max_model_len = kwargs["max_model_len"]
+        self._speculative = "speculative_config" in kwargs
         self._options = {k: v for k, v in kwargs.items() if k != "model"}
         self._version = vllm.__version__
-        before = child_pids()
-        place_engine_core(in_process=speculative_config is None)
+        self._processes = EngineProcesses()
+        place_engine_core(in_process=not self._speculative)
         with self.timed("startup"):
             try:
                 self._llm = vllm.LLM(**kwargs)
             except Exception as exc:
                 # leave nothing running behind a failed start
                 self._llm = None
-                self._pids = child_pids() - before
-                self._wait_pids()
+                self._processes.reap(started_since=True)
                 first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
                 fix = "Run again with --debug for vLLM's log; check dtype, max_model_len and gpu_memory_utilization"
                 if "bootstrapping phase" in str(exc):
@@ -361,27 +378,13 @@ class VLLMEngine(Engine):
                     where=str(self.model_dir),
                     fix=fix,
                 ) from exc
-        self._pids = child_pids() - before
+        self._processes.started()
         self.timings[-1].seconds += import_seconds
         self.startup_seconds = self.timings[-1].seconds
 
     @classmethod
     def from_config(cls, model_dir: str | Path, config) -> VLLMEngine:
-        return cls(
-            model_dir,
-            dtype=config.dtype,
-            gpu_memory_utilization=config.gpu_memory_utilization,
-            max_model_len=config.max_model_len,
-            enforce_eager=config.enforce_eager,
-            tensor_parallel_size=config.tensor_parallel_size,
-            pipeline_parallel_size=config.pipeline_parallel_size,
-            data_parallel_size=config.data_parallel_size,
-            seed=config.seed,
-            trust_remote_code=config.trust_remote_code,
-            progress=config.progress,
-            debug=config.debug,
-            **dict(config.extra),
-        )
+        return cls(model_dir, progress=config.progress, debug=config.debug, **config_options(config))
 
     @property
     def info(self) -> EngineInfo:
@@ -425,8 +428,19 @@ class VLLMEngine(Engine):
         finally:
             torch._C.set_num_threads(before)
 
+    def step_profile(self, *, vocab_size: int, origin: str, progress, **plan: Any):
+        """Decode and verification steps timed with the compute threads the model gets when served
+        (:meth:`served_compute`), and the fitted step model."""
+        from draftfit.profiling import measure_step_profile
+
+        with self.timed("profile"), self.served_compute() as threads:
+            served = f", {threads} compute thread{'s' if threads != 1 else ''} as served" if threads else ""
+            profile = measure_step_profile(self.llm, vocab_size=vocab_size, progress=progress, **plan,
+                                           origin=f"{origin} ({self.info.engine_id}, {self.info.dtype}{served})")
+        return profile, threads
+
     def _served_threads(self) -> int | None:
-        if self._pids:
+        if self._processes.pids:
             return None
         from vllm.platforms import current_platform
 
@@ -442,7 +456,7 @@ class VLLMEngine(Engine):
     @property
     def engine_pids(self) -> set[int]:
         """Processes this engine started (engine core, workers); empty once closed."""
-        return set(self._pids)
+        return set(self._processes.pids)
 
     # -- generation ----------------------------------------------------------------------------
 
@@ -586,24 +600,11 @@ class VLLMEngine(Engine):
 
     # -- speculative decoding --------------------------------------------------------------------
 
-    def spec_counters(self) -> SpecDecodeCounters:
+    def spec_counters(self) -> SpecCounts:
         """The cumulative spec-decode counters of this engine (all zeros without speculation)."""
-        values = {"vllm:spec_decode_num_drafts": 0, "vllm:spec_decode_num_draft_tokens": 0, "vllm:spec_decode_num_accepted_tokens": 0}
-        per_pos: list[int] = []
         if not self._speculative:
-            return SpecDecodeCounters(0, 0, 0, [])
-        for metric in self.llm.get_metrics():
-            if metric.name in values:
-                values[metric.name] += int(metric.value)
-            elif metric.name == "vllm:spec_decode_num_accepted_tokens_per_pos":
-                vec = [int(v) for v in metric.values]
-                per_pos = [a + b for a, b in zip(per_pos, vec, strict=True)] if per_pos else vec
-        return SpecDecodeCounters(
-            values["vllm:spec_decode_num_drafts"],
-            values["vllm:spec_decode_num_draft_tokens"],
-            values["vllm:spec_decode_num_accepted_tokens"],
-            per_pos,
-        )
+            return SpecCounts.zeros()
+        return counts_from_vllm_metrics(self.llm.get_metrics())
 
     def generate_tokens(
         self, prompt_token_ids: Sequence[Sequence[int]], sampling: SamplingSpec
@@ -632,11 +633,6 @@ class VLLMEngine(Engine):
 
     # -- lifecycle -------------------------------------------------------------------------------
 
-    def _wait_pids(self) -> list[int]:
-        """Wait for this engine's processes to exit; kill (by pid) any that outlive the wait."""
-        self._pids = set(reap_processes(self._pids))
-        return sorted(self._pids)
-
     def _release(self) -> None:
         llm, self._llm = self._llm, None
         if llm is not None:
@@ -646,7 +642,7 @@ class VLLMEngine(Engine):
                 pass
             del llm
         gc.collect()
-        survivors = self._wait_pids()
+        survivors = self._processes.reap()
         if survivors:
             raise RuntimeError(f"vLLM engine processes {survivors} did not exit")
 
@@ -673,14 +669,7 @@ def run_speculative(
         tokens, reasons, seconds = engine.generate_tokens(prompt_token_ids, sampling)
         after = engine.spec_counters()
         info = engine.info
-    width = max(len(before.accepted_per_pos), len(after.accepted_per_pos))
-    pad = lambda v: list(v) + [0] * (width - len(v))  # noqa: E731
-    counters = SpecDecodeCounters(
-        after.num_drafts - before.num_drafts,
-        after.num_draft_tokens - before.num_draft_tokens,
-        after.num_accepted_tokens - before.num_accepted_tokens,
-        [a - b for a, b in zip(pad(after.accepted_per_pos), pad(before.accepted_per_pos), strict=True)],
-    )
+    counters = after - before
     return SpecDecodeRun(
         speculative_config=dict(speculative_config),
         output_token_ids=tokens,

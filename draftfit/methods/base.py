@@ -62,7 +62,7 @@ class AcceptanceInputs:
     """What a method's acceptance walk reads: the target's answers and every draft's scores."""
 
     trajset: Any  # draftfit.trajectories.TrajectorySet
-    scores_by_fp: dict[str, Any]  # draft fingerprint → draftfit.scoring.DraftScores
+    scores_by_fp: dict[str, Any]  # draft fingerprint → draftfit.draft_scoring.DraftScores
     ks: list[int]
     rule: str
     max_model_len: int
@@ -127,7 +127,7 @@ class DraftMethod:
         return None
 
     def acceptance(self, plan: PlannedDraft, inputs: AcceptanceInputs):
-        """The acceptance walk for every k (draftfit.predict's WalkBounds)."""
+        """The acceptance walk for every k (draftfit.acceptance_walk's WalkBounds)."""
         raise NotImplementedError(f"method {self.name} has no offline acceptance")
 
     def cost(self, plan: PlannedDraft, step_time: StepTimeOf, *, trust_remote_code: bool = False) -> CostTerms:

@@ -1,7 +1,7 @@
 """``draft_model``: a separate (smaller) model of the target's tokenizer, or the target's first N
 layers (``derived``), proposing k tokens with k sequential forward passes.
 
-Offline, the draft reads prompt + the target's answer in one prefill (draftfit.scoring) and its
+Offline, the draft reads prompt + the target's answer in one prefill (draftfit.draft_scoring) and its
 acceptance is walked from those scores; its step times are the draft's own.
 """
 
@@ -11,9 +11,8 @@ from pathlib import Path
 from typing import Any
 
 from draftfit.methods.base import AcceptanceInputs, CostTerms, DraftMethod, EngineSpec, PlannedDraft
+from draftfit.vllm_versions import V1_NO_DRAFT
 
-# vLLM's V1 engine refused separate draft models in these releases (NotImplementedError)
-V1_NO_DRAFT = ((0, 10, 0), (0, 15, 0))
 METHOD_KEY_SINCE = (0, 15, 0)  # required in 0.15–0.16, inferred from 0.18; older ones infer it from the model
 
 
@@ -68,11 +67,11 @@ class DraftModel(DraftMethod):
         return plan
 
     def acceptance(self, plan: PlannedDraft, inputs: AcceptanceInputs):
-        from draftfit import predict
+        from draftfit import acceptance_walk
         from draftfit.refs import fingerprint
 
         scores = inputs.scores_by_fp[fingerprint(plan.draft_ref)].scores
-        return predict.predict_model_draft(inputs.trajset, scores, inputs.ks, inputs.rule)
+        return acceptance_walk.predict_model_draft(inputs.trajset, scores, inputs.ks, inputs.rule)
 
     def cost(self, plan: PlannedDraft, step_time, *, trust_remote_code: bool = False) -> CostTerms:
         import json

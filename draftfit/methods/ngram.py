@@ -45,10 +45,10 @@ class Ngram(ModelFreeMethod):
         return PlannedDraft(candidate, self.name)
 
     def acceptance(self, plan: PlannedDraft, inputs: AcceptanceInputs):
-        from draftfit import predict
+        from draftfit import acceptance_walk
 
         lo, hi = lookup(plan.candidate.draft)
-        return predict.predict_ngram(inputs.trajset, inputs.ks, lo, hi, inputs.max_model_len, inputs.rule)
+        return acceptance_walk.predict_ngram(inputs.trajset, inputs.ks, lo, hi, inputs.max_model_len, inputs.rule)
 
     def cost(self, plan, step_time, *, trust_remote_code=False) -> CostTerms:
         from draftfit.costmodel import ModelFreeDraftCost

@@ -322,7 +322,7 @@ def _warnings(results: Results) -> dict[str, Any]:
 def _flag_meanings() -> dict[str, str]:
     """What each of `draftfit verify`'s roll-out flags means (empty where verify is not installed)."""
     try:
-        from draftfit.verify import ROLLOUT_FLAGS
+        from draftfit.verify.comparison import ROLLOUT_FLAGS
     except ImportError:
         return {}
     return dict(ROLLOUT_FLAGS)

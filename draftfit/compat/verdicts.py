@@ -25,8 +25,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from draftfit.compat.schema import COMPATIBLE, INCOMPATIBLE, EngineVerdict
-from draftfit.deploy import installed_vllm_version, parse_version
-from draftfit.methods.draft_model import V1_NO_DRAFT
+from draftfit.vllm_versions import V1_NO_DRAFT, installed_vllm_version, parse_version
 
 if TYPE_CHECKING:
     from draftfit.compat.files import ModelFiles

@@ -6,7 +6,7 @@ once. Everything returned is *predicted* (expected counters with lower/upper bou
 :class:`~draftfit.acceptance.WalkBounds`); nothing here runs a model.
 
 * :func:`predict_model_draft` — a draft model scored over the trajectories
-  (:mod:`draftfit.scoring`). Exact acceptance inputs (transformers backend,
+  (:mod:`draftfit.draft_scoring`). Exact acceptance inputs (transformers backend,
   :class:`~draftfit.engines.base.ExactInputs`) are used when present, the top-K bounds otherwise.
 * :func:`predict_ngram` — vLLM's ngram prompt lookup, simulated exactly on the token sequences.
 * :func:`summarize` — one k: AL bounds, point value and a bootstrap CI over prompts.
@@ -127,7 +127,7 @@ def model_draft_acceptance(
 ) -> list[Interval]:
     """Per-position acceptance of every response (positions 0..T-1), exact or top-K bounds.
 
-    ``scores``: a :class:`~draftfit.scoring.DraftScores` or its list of
+    ``scores``: a :class:`~draftfit.draft_scoring.DraftScores` or its list of
     :class:`~draftfit.engines.base.DraftScore` (index i scores trajectory i). Exact inputs are
     used when every score carries them; they were computed for the trajectories' own sampling
     parameters (see :meth:`draftfit.engines.hf_engine.HFEngine.score_exact`).
@@ -137,7 +137,7 @@ def model_draft_acceptance(
     if len(score_list) != len(trajs):
         raise DraftfitError(
             f"{len(score_list)} draft scores for {len(trajs)} trajectories",
-            fix="Score the draft over the same trajectory set (draftfit.scoring.score_draft)",
+            fix="Score the draft over the same trajectory set (draftfit.draft_scoring.score_draft)",
         )
     t_draft = _temperature(trajset, temperature) if rule == "probabilistic" else 1.0
     if rule == "probabilistic" and t_draft <= 0:

@@ -28,6 +28,7 @@ from draftfit.candidates import Candidate, StudySettings
 from draftfit.errors import DraftfitError
 from draftfit.faults import engine_failure, fault_point
 from draftfit.methods import AcceptanceInputs, PlanContext, PlannedDraft, get_method
+from draftfit.metrics import decode_steps
 from draftfit.paths import cache_subdir
 from draftfit.refs import ModelRef, fingerprint, metadata_dir, model_dir, resolve
 
@@ -106,8 +107,6 @@ def _profile_key(ref: ModelRef, engine_fields: dict, plan: dict) -> str:
 
 def measured_profile(session: EngineSession, engine_fields: dict, plan: dict, vocab_size: int, progress: Progress) -> dict:
     """The model's measured step profile: from the cache, else timed on the session's engine."""
-    from draftfit.profiling import measure_step_profile
-
     path = cache_subdir("profiles") / f"{_profile_key(session.ref, engine_fields, plan)}.json"
     data = read_checked_json(path, what="profile cache entry")
     if _is_measured_profile(data):
@@ -115,14 +114,8 @@ def measured_profile(session: EngineSession, engine_fields: dict, plan: dict, vo
         fault_point("profile")
         return data
     engine = session.get()
-    # steps are timed with the compute threads the model gets when served (VLLMEngine.served_compute)
-    with engine.timed("profile"), engine.served_compute() as threads:
-        served = f", {threads} compute thread{'s' if threads != 1 else ''} as served" if threads else ""
-        profile = measure_step_profile(
-            engine.llm, vocab_size=vocab_size,
-            origin=f"{session.ref.name} on this machine ({engine.info.engine_id}, {engine.info.dtype}{served})",
-            progress=progress, **plan,
-        )
+    profile, threads = engine.step_profile(vocab_size=vocab_size, origin=f"{session.ref.name} on this machine",
+                                           progress=progress, **plan)
     data = profile.to_dict()
     data["compute_threads"] = threads
     write_checked_json(path, data)
@@ -133,35 +126,6 @@ def measured_profile(session: EngineSession, engine_fields: dict, plan: dict, vo
 
 def _is_measured_profile(data) -> bool:
     return isinstance(data, dict) and isinstance(data.get("profile"), dict) and data["profile"].get("kind") == "measured"
-
-
-# ---------------------------------------------------------------------------------------------
-# the prompts (verify samples the same ones)
-
-
-def study_prompts(study: StudySettings, target_meta: Path, *, show_prompts: bool = False):
-    """Sample the study's prompts as `rank` does (same loader, template, seed and limits)."""
-    import warnings
-
-    from draftfit.chat_template import ChatTokenizer
-    from draftfit.prompts import DEMO_PROMPTS, PromptWarning, load_prompts, sample_prompts
-
-    source = study.prompts or str(DEMO_PROMPTS)
-    dataset = load_prompts(source, prompt_column=study.prompt_column, messages_column=study.messages_column,
-                           category_column=study.category_column)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", PromptWarning)
-        sample = sample_prompts(
-            dataset, ChatTokenizer.from_dir(target_meta), n=study.sample_size, seed=study.seed,
-            thresholds=tuple(study.length_thresholds), max_input_tokens=study.max_model_len - study.max_tokens - 1,
-            scrub=study.scrub, show_prompts=show_prompts,
-        )
-    if not sample.items:
-        raise DraftfitError(
-            f"no prompt fits in max_model_len {study.max_model_len} with max_tokens {study.max_tokens}",
-            where=source, fix="Raise --max-model-len or lower --max-tokens",
-        )
-    return sample
 
 
 # ---------------------------------------------------------------------------------------------
@@ -189,6 +153,13 @@ class RankRun:
         run_id = self.run_id or results_mod.new_run_id()
         out_dir = self.reports_root / run_id
         self.hardware = self._hardware()  # an unknown GPU fails here, before any engine starts
+        from draftfit.engines import engine_class
+
+        if study.latency_source == "measured" and not engine_class(study.engine).profiles_steps:
+            raise DraftfitError(
+                f"the {study.engine} engine cannot time engine steps, which latency_source measured needs",
+                fix="Use --latency-source roofline with --gpu NAME, or engine: vllm",
+            )
         targets = sorted({c.target for c in self.candidates})
         if len(targets) != 1:
             raise DraftfitError(
@@ -212,7 +183,7 @@ class RankRun:
         sampling = SamplingSpec(study.temperature, study.top_p, study.max_tokens, study.seed)
         # prompts were kept only if prompt + max_tokens + 1 fits, so scoring prompt + answer fits too
         engine_config = EngineConfig(
-            backend="vllm" if study.engine == "vllm" else "transformers",
+            backend=study.engine,
             dtype=study.dtype,
             max_model_len=study.max_model_len,
             gpu_memory_utilization=study.engine_memory_utilization,
@@ -335,10 +306,12 @@ class RankRun:
         return get_method(candidate.draft.method).plan(candidate, ctx)
 
     def _prompts(self, target_meta: Path):
+        from draftfit.prompts.sampling import study_prompts
+
         return study_prompts(self.study, target_meta, show_prompts=self.show_prompts)
 
     def _score(self, trajset, draft_ref: ModelRef, engine_config, session: EngineSession):
-        from draftfit.scoring import score_draft
+        from draftfit.draft_scoring import score_draft
 
         scores = score_draft(trajset, draft_ref, engine_config=engine_config, top_k=self.study.top_k_logprobs,
                              engine_factory=session.lend)
@@ -510,70 +483,5 @@ class RankRun:
         return {"kind": "predicted", "recommended": chosen.to_dict(), "baseline": baseline.to_dict()}
 
 
-def decode_steps(walked, answer_lengths) -> tuple[np.ndarray, np.ndarray]:
-    """Per k: useful tokens per decode step over all steps, and the share of steps with drafts.
-
-    After the prefill token, a prompt's ``e = n − 1`` tokens come from decode steps. ``D`` of them
-    carry drafts and accept ``A`` tokens in all; every other step emits one token, so there are
-    ``max(e − D − A, 0)`` of those (the last drafting step may accept past the stop, which vLLM
-    counts but nobody reads). Summed over prompts: tokens/step = Σe / Σsteps, fraction = ΣD / Σsteps.
-    """
-    return tokens_per_step(walked.num_drafts, walked.num_accepted_tokens, answer_lengths)
 
 
-def tokens_per_step(num_drafts, num_accepted_tokens, answer_lengths) -> tuple[np.ndarray, np.ndarray]:
-    """:func:`decode_steps` of per-prompt counters ``[prompts, ks]`` (any subset of the prompts)."""
-    emitted = np.maximum(np.asarray(answer_lengths, float) - 1.0, 0.0)[:, None]
-    drafts = np.asarray(num_drafts, float)
-    accepted = np.asarray(num_accepted_tokens, float)
-    plain = np.maximum(emitted - drafts - accepted, 0.0)
-    steps = (drafts + plain).sum(axis=0)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        per_step = np.where(steps > 0, emitted.sum() / steps, 1.0)
-        fraction = np.where(steps > 0, drafts.sum(axis=0) / steps, 0.0)
-    return per_step, fraction
-
-
-def format_table(results: results_mod.Results, *, limit: int = 20) -> str:
-    """The ranking as plain text: rank, config, predicted AL and speedup per concurrency, VRAM, fit.
-
-    Once `draftfit verify` has measured a config, its row is followed by one line per verified
-    concurrency: measured AL and speedup with the relative error of the prediction.
-    """
-    configs = [c for c in results.configs if c.get("rank") is not None]
-    configs.sort(key=lambda c: c["rank"])
-    levels = [p["concurrency"] for p in configs[0]["per_concurrency"]] if configs else []
-    head = f"{'#':>3}  {'config':<22} {'AL (pred.)':>15} " + " ".join(f"{'×@' + str(b):>7}" for b in levels) + f" {'+VRAM GiB':>9}  fit"
-    lines = [head, "-" * len(head)]
-
-    def row(c: dict, rank: str) -> None:
-        al = f"{c['al_predicted']:.2f} [{c['al_ci_low']:.2f},{c['al_ci_high']:.2f}]"
-        speeds = " ".join(f"{p['speedup_predicted']:>7.2f}" for p in c["per_concurrency"])
-        lines.append(f"{rank:>4} {c['candidate'] + ' k=' + str(c['k']):<22} {al:>15} {speeds} {c['extra_vram_gib']:>9.3f}  {'yes' if c['fits'] else 'NO'}")
-        lines.extend(_measured_lines(c))
-
-    for c in configs[:limit]:
-        row(c, f"{c['rank']}{'*' if c.get('pareto') else ' '}")
-    if len(configs) > limit:
-        lines.append(f"  ({len(configs) - limit} more ranked configs in results.csv and the report)")
-    unranked = [c for c in results.configs if c.get("rank") is None]
-    if unranked:
-        lines.append(f"  not ranked — they do not fit in memory at the study's concurrency and max_model_len ({len(unranked)}):")
-        for c in unranked:
-            row(c, "-")
-    return "\n".join(lines)
-
-
-def _measured_lines(config: dict) -> list[str]:
-    def err(pred, meas) -> str:
-        return f"{(pred - meas) / meas:+.0%}" if pred is not None and meas else "—"
-
-    lines = []
-    for level in config["per_concurrency"]:
-        al, speed = level.get("al_measured"), level.get("speedup_measured")
-        if al is None and speed is None:
-            continue
-        al_text = f"AL {al:.2f} (pred. err {err(config['al_predicted'], al)})" if al is not None else "AL —"
-        speed_text = (f"× {speed:.2f} (pred. err {err(level['speedup_predicted'], speed)})" if speed is not None else "× —")
-        lines.append(f"       measured @{level['concurrency']}: {al_text}, {speed_text}")
-    return lines

@@ -1,0 +1,106 @@
+"""The plain-text tables the commands print: rank's ranking, verify's plan and summary."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from typing import Any
+
+from draftfit import results as results_mod
+from draftfit.verify.latency import PERCENTILES
+from draftfit.verify.selection import VerifyConfig
+
+
+def format_table(results: results_mod.Results, *, limit: int = 20) -> str:
+    """The ranking as plain text: rank, config, predicted AL and speedup per concurrency, VRAM, fit.
+
+    Once `draftfit verify` has measured a config, its row is followed by one line per verified
+    concurrency: measured AL and speedup with the relative error of the prediction.
+    """
+    configs = [c for c in results.configs if c.get("rank") is not None]
+    configs.sort(key=lambda c: c["rank"])
+    levels = [p["concurrency"] for p in configs[0]["per_concurrency"]] if configs else []
+    head = f"{'#':>3}  {'config':<22} {'AL (pred.)':>15} " + " ".join(f"{'×@' + str(b):>7}" for b in levels) + f" {'+VRAM GiB':>9}  fit"
+    lines = [head, "-" * len(head)]
+
+    def row(c: dict, rank: str) -> None:
+        al = f"{c['al_predicted']:.2f} [{c['al_ci_low']:.2f},{c['al_ci_high']:.2f}]"
+        speeds = " ".join(f"{p['speedup_predicted']:>7.2f}" for p in c["per_concurrency"])
+        lines.append(f"{rank:>4} {c['candidate'] + ' k=' + str(c['k']):<22} {al:>15} {speeds} {c['extra_vram_gib']:>9.3f}  {'yes' if c['fits'] else 'NO'}")
+        lines.extend(_measured_lines(c))
+
+    for c in configs[:limit]:
+        row(c, f"{c['rank']}{'*' if c.get('pareto') else ' '}")
+    if len(configs) > limit:
+        lines.append(f"  ({len(configs) - limit} more ranked configs in results.csv and the report)")
+    unranked = [c for c in results.configs if c.get("rank") is None]
+    if unranked:
+        lines.append(f"  not ranked — they do not fit in memory at the study's concurrency and max_model_len ({len(unranked)}):")
+        for c in unranked:
+            row(c, "-")
+    return "\n".join(lines)
+
+
+def _measured_lines(config: dict) -> list[str]:
+    def err(pred, meas) -> str:
+        return f"{(pred - meas) / meas:+.0%}" if pred is not None and meas else "—"
+
+    lines = []
+    for level in config["per_concurrency"]:
+        al, speed = level.get("al_measured"), level.get("speedup_measured")
+        if al is None and speed is None:
+            continue
+        al_text = f"AL {al:.2f} (pred. err {err(config['al_predicted'], al)})" if al is not None else "AL —"
+        speed_text = (f"× {speed:.2f} (pred. err {err(level['speedup_predicted'], speed)})" if speed is not None else "× —")
+        lines.append(f"       measured @{level['concurrency']}: {al_text}, {speed_text}")
+    return lines
+
+
+def _fmt(value: float | None, spec: str = ".2f", suffix: str = "") -> str:
+    return "—" if value is None else f"{value:{spec}}{suffix}"
+
+
+def _pct(value: float | None) -> str:
+    return "—" if value is None else f"{100 * value:+.0f}%"
+
+
+def format_summary(measured: Sequence[dict[str, Any]], verify_id: str | None = None) -> str:
+    """Predicted vs measured per (configuration, concurrency), with the relative error of each prediction."""
+    rows = [e for e in measured if verify_id is None or e.get("verify_id") == verify_id]
+    head = (f"{'config':<20} {'C':>3} {'AL pred':>7} {'meas':>6} {'err':>5}  {'× pred':>6} {'meas':>6} {'err':>5}  "
+            f"{'ITL pred':>8} {'p50/p95/p99 ms':>18} {'TTFT p50':>8} {'tok/s':>7}  flags")
+    lines = [head, "-" * len(head)]
+    for e in rows:
+        name = "baseline" if e.get("candidate") is None else f"{e['candidate']} k={e['k']}"
+        if e.get("engine_failed"):
+            lines.append(f"{name:<20} {e['concurrency']:>3}  engine failed: {e.get('error')}")
+            continue
+        itl = e.get("itl_ms_measured") or {}
+        itl_text = "/".join(_fmt(itl.get(f"p{q}"), ".0f") for q in PERCENTILES)
+        lines.append(
+            f"{name:<20} {e['concurrency']:>3} {_fmt(e.get('al_predicted')):>7} {_fmt(e.get('al_measured')):>6} {_pct(e.get('al_error')):>5}  "
+            f"{_fmt(e.get('speedup_predicted')):>6} {_fmt(e.get('speedup_measured')):>6} {_pct(e.get('speedup_error')):>5}  "
+            f"{_fmt(e.get('itl_ms_predicted'), '.1f'):>8} {itl_text:>18} {_fmt((e.get('ttft_ms_measured') or {}).get('p50'), '.0f'):>8} "
+            f"{_fmt(e.get('output_tok_s_measured'), '.1f'):>7}  {','.join(e.get('flags', [])) or '-'}"
+        )
+    subsets = {e["prompts_predicted"] for e in rows if e.get("prompts_predicted")}
+    if subsets:
+        lines.append(f"predictions cover the {', '.join(map(str, sorted(subsets)))} prompts sent (the first of the sample), "
+                     "as the measurements do; results.json keeps the whole sample's as *_all_prompts")
+    faults = [e for e in rows if e.get("engine_fault")]
+    if faults:
+        lines.append("")
+        lines.append("Suspected engine faults (not prediction errors):")
+        for e in faults:
+            name = "baseline" if e.get("candidate") is None else f"{e['candidate']} k={e['k']}"
+            lines.append(f"  {name} at concurrency {e['concurrency']}: {e['engine_fault']}")
+    return "\n".join(lines)
+
+
+def describe_plan(configs: Sequence[VerifyConfig], levels: Sequence[int], requests: int | None) -> str:
+    """What a verify run will start, for --dry-run."""
+    lines = [f"concurrency levels: {', '.join(map(str, levels))}; requests per run: {requests or 'one per sampled prompt'}",
+             "baseline: no speculation"]
+    for config in configs:
+        lines.append(f"{config.label}: speculative_config {json.dumps(config.speculative_config)}")
+    return "\n".join(lines)

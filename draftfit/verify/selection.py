@@ -1,0 +1,152 @@
+"""What verify measures: the configurations chosen from a rank run (or named), and their vLLM
+``speculative_config`` with every model path local."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from draftfit import results as results_mod
+from draftfit.candidates import Candidate, StudySettings, load_candidate
+from draftfit.errors import DraftfitError
+
+log = logging.getLogger(__name__)
+Progress = Callable[[str], None]
+
+DEFAULT_TOP = 3
+
+
+@dataclass(frozen=True)
+class VerifyConfig:
+    """One configuration to measure; ``candidate is None`` is the no-speculation baseline."""
+
+    candidate: str | None
+    k: int | None
+    method: str | None = None
+    draft: str | None = None  # the draft's directory (draft models) or None
+    speculative_config: dict[str, Any] | None = None
+    draft_is_target: bool = False
+
+    @property
+    def label(self) -> str:
+        return "baseline" if self.candidate is None else f"{self.candidate} k={self.k}"
+
+    @property
+    def key(self) -> tuple[str | None, int | None]:
+        return self.candidate, self.k
+
+
+BASELINE = VerifyConfig(None, None)
+
+
+def _target_ref(results: results_mod.Results):
+    from draftfit.refs import resolve
+
+    if not results.targets:
+        raise DraftfitError("the results name no target", fix="Pass a results.json written by `draftfit rank`")
+    target = results.targets[0]["target"]
+    return resolve(target["location"] if target.get("kind") != "hub" else target["spec"])
+
+
+def _candidates(results: results_mod.Results) -> dict[str, Candidate]:
+    return {c["name"]: Candidate.model_validate(c) for c in results.candidates}
+
+
+def top_configs(results: results_mod.Results, top: int) -> list[tuple[str, int]]:
+    """The first ``top`` (candidate, k) of the ranking (predicted speedup at the primary concurrency)."""
+    ranked = (results.ranking or {}).get("ranked") or []
+    if not ranked:
+        raise DraftfitError("the results hold no ranked configuration", fix="Name configurations with --config NAME:K or --candidate FILE --k K")
+    return [(r["candidate"], int(r["k"])) for r in ranked[: int(top)]]
+
+
+def _same_model(a: str, b: str) -> bool:
+    """Whether two model references name the same files (the text itself when they do not resolve)."""
+    if a == b:
+        return True
+    from draftfit.refs import fingerprint, resolve
+
+    try:
+        return fingerprint(resolve(a)) == fingerprint(resolve(b))
+    except DraftfitError:
+        return False
+
+
+def parse_config(text: str) -> tuple[str, int]:
+    """``NAME:K`` → (NAME, K)."""
+    name, sep, k = text.rpartition(":")
+    if not sep or not name or not k.strip().isdigit():
+        raise DraftfitError(f"--config {text!r} is not NAME:K", fix="Write e.g. --config ngram-2-4:3")
+    return name, int(k)
+
+
+def speculative_config(candidate: Candidate, k: int, target_ref, study: StudySettings, *,
+                       trust_remote_code: bool = False) -> VerifyConfig:
+    """The vLLM ``speculative_config`` for (candidate, k), with every model path made local."""
+    from draftfit.methods import get_method
+
+    draft = candidate.draft
+    extra: dict[str, Any] = {}
+    if study.temperature > 0:
+        extra["draft_sample_method"] = study.draft_sample_method
+    if draft.quantization:
+        extra["quantization"] = draft.quantization
+    spec = get_method(draft.method).engine_config(candidate, k, target_ref, extra, trust_remote_code=trust_remote_code)
+    directory = str(spec.directory) if spec.directory else None
+    return VerifyConfig(candidate.name, int(k), draft.method, directory, spec.config, spec.draft_is_target)
+
+
+def select_configs(
+    results: results_mod.Results,
+    *,
+    top: int | None = None,
+    configs: Sequence[str] = (),
+    candidate_files: Sequence[str | Path] = (),
+    ks: Sequence[int] | None = None,
+) -> list[tuple[Candidate, int]]:
+    """Which (candidate, k) to verify: the top of the ranking, named configs, and candidate files.
+
+    Candidate files may add candidates the results do not hold (e.g. eagle heads `rank` cannot
+    score); their target must be the results' target. ``ks`` applies to candidate files (default:
+    each file's own k list). Without any choice, the top 3.
+    """
+    known = _candidates(results)
+    chosen: list[tuple[Candidate, int]] = []
+    if top is None and not configs and not candidate_files:
+        top = DEFAULT_TOP
+    if top:
+        chosen += [(known[name], k) for name, k in top_configs(results, top)]
+    for text in configs:
+        name, k = parse_config(text)
+        if name not in known:
+            raise DraftfitError(
+                f"--config {text}: no candidate named {name!r} in the results ({', '.join(sorted(known)) or 'none'})",
+                fix="Use a candidate name from the ranking, or pass its file with --candidate FILE --k K",
+            )
+        chosen.append((known[name], k))
+    if candidate_files:
+        target = results.candidates[0]["target"] if results.candidates else None
+        for path in candidate_files:
+            candidate, _ = load_candidate(path)
+            if target is not None and not _same_model(candidate.target, target):
+                raise DraftfitError(
+                    f"its target {candidate.target!r} is not the results' target {target!r}",
+                    where=str(path), fix="Verify a candidate of the same target, or run `draftfit rank` for its target",
+                )
+            if candidate.name in known and known[candidate.name] != candidate:
+                raise DraftfitError(
+                    f"candidate {candidate.name!r} differs from the one the results were ranked with",
+                    where=str(path), fix="Rename it, or pass the file the ranking used",
+                )
+            for k in ks or candidate.k:
+                chosen.append((candidate, int(k)))
+    for candidate, k in chosen:
+        if not 1 <= k <= 16:
+            raise DraftfitError(f"{candidate.name}: k={k} is outside 1..16", fix="Use k between 1 and 16")
+    unique: dict[tuple[str, int], tuple[Candidate, int]] = {}
+    for candidate, k in chosen:
+        unique.setdefault((candidate.name, k), (candidate, k))
+    return list(unique.values())
