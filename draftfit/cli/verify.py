@@ -6,17 +6,7 @@ from pathlib import Path
 
 import click
 
-
-def _ints(ctx, param, value: str | None):
-    if value is None:
-        return None
-    try:
-        numbers = tuple(int(part) for part in value.replace(" ", "").split(",") if part)
-    except ValueError:
-        raise click.BadParameter(f"{value!r}: give whole numbers separated by commas, e.g. 1,4,8") from None
-    if not numbers or min(numbers) < 1:
-        raise click.BadParameter(f"{value!r}: give whole numbers ≥ 1 separated by commas, e.g. 1,4,8")
-    return numbers
+from draftfit.cli.options import int_list, show_prompts, trust_remote_code
 
 
 @click.command("verify")
@@ -26,17 +16,15 @@ def _ints(ctx, param, value: str | None):
               help="Verify candidate NAME (from the results) with k=K. Repeatable.")
 @click.option("--candidate", "candidate_files", multiple=True, type=click.Path(dir_okay=False, path_type=Path),
               help="Verify a candidate file (same target), e.g. a method `rank` cannot score. Repeatable.")
-@click.option("--k", "ks", callback=_ints, help="k values for --candidate files, e.g. 2,4. Default: each file's own k list.")
-@click.option("--concurrency", callback=_ints, help="Concurrency levels, e.g. 1,4,8. Default: the study's levels.")
+@click.option("--k", "ks", callback=int_list, help="k values for --candidate files, e.g. 2,4. Default: each file's own k list.")
+@click.option("--concurrency", callback=int_list, help="Concurrency levels, e.g. 1,4,8. Default: the study's levels.")
 @click.option("--requests", type=click.IntRange(min=1), help="Requests per run (prompts are reused in order). Default: one per sampled prompt.")
 @click.option("--timeout", "timeout_s", type=click.FloatRange(min=1), default=900.0, show_default=True,
               help="Seconds per (configuration, concurrency) run; unfinished requests are aborted and counted as errors.")
 @click.option("--gpu-memory-utilization", type=click.FloatRange(min=0, min_open=True, max=1),
               help="Memory fraction of the engines started here. Default: the study's engine memory fraction.")
-@click.option("--trust-remote-code", is_flag=True,
-              help="Let model repositories run their own Python code (auto_map classes). Only for code you trust.")
-@click.option("--show-prompts", is_flag=True,
-              help="Show the start of prompt texts in warnings and errors. Default: row numbers and a short hash only.")
+@trust_remote_code
+@show_prompts
 @click.option("--no-resume", is_flag=True,
               help="Measure every configuration again. Default: a verify interrupted before it finished (same "
                    "prompts, levels, requests and engine settings) goes on where it stopped, keeping what it measured.")
