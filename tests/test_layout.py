@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 PACKAGE = Path(__file__).resolve().parents[1] / "draftfit"
 
 
@@ -91,9 +93,12 @@ def test_the_cycle_finder_finds_a_cycle():
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": set()}) == [["a", "b", "c"]]
 
 
-def test_help_and_check_import_neither_torch_nor_vllm():
-    code = ("import sys; import draftfit.cli, draftfit.cli.check, draftfit.methods, draftfit.records; "
-            "print(sorted(m for m in ('torch', 'vllm', 'transformers') if m in sys.modules))")
+@pytest.mark.parametrize("modules, heavy", [
+    (["draftfit.cli", "draftfit.cli.check", "draftfit.methods", "draftfit.records"], ["torch", "vllm", "transformers"]),
+    (["draftfit.report", "draftfit.explore", "draftfit.cli.report"], ["torch", "vllm", "transformers", "matplotlib"]),
+], ids=["help-and-check", "report"])
+def test_light_imports(modules, heavy):
+    code = f"import sys, {', '.join(modules)}; print(sorted(m for m in {heavy!r} if m in sys.modules))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
 
