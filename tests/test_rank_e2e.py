@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
+from draftfit import results as results_mod
 from draftfit.cli import cli
 
 REPO = Path(__file__).resolve().parents[1]
@@ -42,7 +43,7 @@ def test_rank_writes_results_and_prints_the_ranking(measured_run):
     result, data, out_dir = measured_run
     assert (out_dir / "results.csv").is_file()
     assert "Ranking at concurrency 1" in result.output and "Recommendation (predicted)" in result.output
-    assert data["schema_version"] == 1 and data["prompts"]["summary"]
+    assert data["schema_version"] == results_mod.SCHEMA_VERSION == 2 and data["prompts"]["summary"]
     names = {c["candidate"] for c in data["configs"]}
     assert names == {"ngram-2-4", "self-draft", "early-exit-4"}
     assert all(c["kind"] == "predicted" for c in data["configs"])
@@ -91,7 +92,7 @@ def test_measured_profile_drives_the_latency(measured_run):
     _, data, _ = measured_run
     profile = data["targets"][0]["profile"]
     assert profile["kind"] == "measured" and profile["profile"]["n_samples"] >= 6
-    assert all(level["latency_source"] == "measured-profile" for c in data["configs"] for level in c["per_concurrency"])
+    assert all(c["latency_source"] == "measured-profile" for c in data["configs"])
 
 
 def test_rank_needs_candidate_files():

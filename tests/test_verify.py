@@ -210,11 +210,12 @@ def test_new_measurements_replace_old_ones_of_the_same_key():
 def test_recompare_keeps_measurements_and_redoes_predictions_errors_and_flags():
     from draftfit.verify.comparison import recompare
 
-    level = {"concurrency": 1, "al_predicted": 3.0, "al_ci_low": 2.8, "al_ci_high": 3.2, "al_bound_low": 3.0, "al_bound_high": 3.0,
-             "acceptance_rate_predicted": 0.67, "speedup_predicted": 1.5, "speedup_ci_low": 1.4, "speedup_ci_high": 1.6,
-             "itl_spec_ms_predicted": 20.0, "itl_base_ms_predicted": 30.0, "tok_s_aggregate_predicted": 50.0, "latency_source": "measured-profile"}
+    level = {"concurrency": 1, "speedup_predicted": 1.5, "speedup_ci_low": 1.4, "speedup_ci_high": 1.6,
+             "itl_spec_ms_predicted": 20.0, "itl_base_ms_predicted": 30.0, "tok_s_aggregate_predicted": 50.0}
     results = fake_results()
-    results.configs = [{"candidate": "ngram-2-4", "k": 2, "rule": "greedy", "exact": True, "per_concurrency": [level]}]
+    results.configs = [{"candidate": "ngram-2-4", "k": 2, "rule": "greedy", "exact": True, "al_predicted": 3.0, "al_ci_low": 2.8,
+                        "al_ci_high": 3.2, "al_bound_low": 3.0, "al_bound_high": 3.0, "acceptance_rate_predicted": 0.67,
+                        "latency_source": "measured-profile", "per_concurrency": [level]}]
     base = {**BASE, "concurrency": 1, "itl_ms_measured": {"mean": 30.0, "p50": 30.0, "p95": 35.0, "p99": 40.0}, "speedup_predicted": 9.9}
     spec = {"candidate": "ngram-2-4", "k": 2, "concurrency": 1, "errors": 0, "output_tok_s_measured": 45.0,
             "itl_ms_measured": {"mean": 25.0, "p50": 24.0, "p95": 30.0, "p99": 41.0}, "al_measured": 3.0,
@@ -614,15 +615,15 @@ def test_an_interrupted_verify_goes_on_where_it_stopped(verified, tmp_path, monk
 
 
 def _config_with_prompts():
-    level = {"concurrency": 4, "al_predicted": 1.5, "al_ci_low": 1.4, "al_ci_high": 1.6, "al_bound_low": 1.5,
-             "al_bound_high": 1.5, "acceptance_rate_predicted": 0.25, "speedup_predicted": 1.2, "speedup_ci_low": 1.1,
-             "speedup_ci_high": 1.3, "itl_spec_ms_predicted": 30.0, "itl_base_ms_predicted": 36.0,
-             "prefill_stall_spec_ms_predicted": 6.0, "tok_s_aggregate_predicted": 100.0}
+    level = {"concurrency": 4, "speedup_predicted": 1.2, "speedup_ci_low": 1.1, "speedup_ci_high": 1.3,
+             "itl_spec_ms_predicted": 30.0, "itl_base_ms_predicted": 36.0, "prefill_stall_spec_ms_predicted": 6.0,
+             "tok_s_aggregate_predicted": 100.0}
     # prompt 0: 10 drafts accept 10 tokens of a 31-token answer; prompt 1: 10 drafts accept nothing of 11
     per_prompt = {"num_drafts": [10.0, 10.0], "num_draft_tokens": [20.0, 20.0], "num_accepted_tokens": [10.0, 0.0],
                   "answer_tokens": [31, 11]}
     config = {"candidate": "c", "k": 2, "rule": "greedy", "exact": True, "per_prompt_predicted": per_prompt,
-              "per_concurrency": [level]}
+              "al_predicted": 1.5, "al_ci_low": 1.4, "al_ci_high": 1.6, "al_bound_low": 1.5, "al_bound_high": 1.5,
+              "acceptance_rate_predicted": 0.25, "per_concurrency": [level]}
     return results_mod.Results.model_construct(configs=[config])
 
 
