@@ -21,6 +21,7 @@ from draftfit.errors import DraftfitError
 COMMANDS: dict[str, tuple[str, str, str]] = {
     "check": ("check", "check", "Compare tokenizers and configs of TARGET and DRAFT; verdict per engine."),
     "pad-vocab": ("pad_vocab", "pad_vocab", "Copy a draft with its vocabulary padded to N rows."),
+    "predict": ("predict", "predict", "What-if without a model: speedup, ITL and KV capacity on another GPU, TP, k, concurrency."),
     "rank": ("rank", "rank", "Rank (draft, k) candidates for your prompts, GPU and concurrency."),
     "report": ("report", "report", "Re-render the HTML report from a saved results.json."),
     "verify": ("verify", "verify", "Run real speculative decoding vs. a baseline; predicted vs. measured."),

@@ -104,3 +104,26 @@ def describe_plan(configs: Sequence[VerifyConfig], levels: Sequence[int], reques
     for config in configs:
         lines.append(f"{config.label}: speculative_config {json.dumps(config.speculative_config)}")
     return "\n".join(lines)
+
+
+def format_what_if(result) -> str:
+    """`draftfit predict`'s table: one row per k, predicted speedup and ITL at each concurrency, then the memory."""
+    entries = result.entries
+    levels = sorted({e["concurrency"] for e in entries})
+    lines = ["Predicted (roofline of " + result.provenance["hardware"]["label"] + "; no model was run)"]
+    head = f"{'k':>4} {'AL':>6} " + " ".join(f"{'×@' + str(c):>8}" for c in levels) + "  ITL ms at each level"
+    lines += [head, "-" * len(head)]
+    base = {e["concurrency"]: e["itl_base_ms_predicted"] for e in entries}
+    lines.append(f"{'off':>4} {'1.00':>6} " + " ".join(f"{1.0:>8.2f}" for _ in levels) + "  "
+                 + " ".join(f"{base[c]:.1f}" for c in levels))
+    for k in sorted({e["k"] for e in entries if e["k"] is not None}):
+        row = {e["concurrency"]: e for e in entries if e["k"] == k}
+        lines.append(f"{k:>4} {row[levels[0]]['al_predicted']:>6.2f} "
+                     + " ".join(f"{row[c]['speedup_predicted']:>8.2f}" for c in levels) + "  "
+                     + " ".join(f"{row[c]['itl_ms_predicted']:.1f}" for c in levels))
+    vram = result.vram
+    lines.append("")
+    lines.append(f"KV capacity {vram['kv_capacity_tokens']:,} tokens ({vram['kv_cache_gib']:.2f} GiB per GPU, kv dtype "
+                 f"{vram['kv_cache_dtype']}); draft takes {vram['extra_vram_gib']:.2f} GiB per GPU; {vram['fit_reason']}")
+    lines += [f"note: {n}" for n in result.notes]
+    return "\n".join(lines)

@@ -1,0 +1,285 @@
+"""`draftfit predict`: a what-if that runs no model.
+
+For a team that already measured acceptance (``vllm bench serve``, production ``/metrics``) and
+wants another GPU, TP, k or concurrency: from the models' ``config.json`` and the measured
+acceptance, the predicted step times, ITL and speedup for every (k, concurrency), and the KV
+capacity, with the same cost and VRAM functions `rank` uses (:func:`draftfit.costmodel.predict_costs`
+on a :class:`~draftfit.costmodel.RooflineStepTime`, :func:`draftfit.vram.vram_report`).
+
+Acceptance comes as vLLM reports it:
+
+* per-position (marginal) rates ``r_1 ≥ r_2 ≥ …`` — ``r_i`` the share of drafting steps whose first
+  ``i`` drafts were all accepted — give ``AL(k) = 1 + Σ_{i≤k} r_i`` for every ``k`` up to their count;
+* a mean acceptance length alone, measured at the first ``k`` given, implies per-token acceptance
+  ``α`` under the i.i.d. assumption, ``AL(k) = (1 − α^{k+1}) / (1 − α)``, and the output says so
+  (real acceptance decays along the draft, so the i.i.d. ALs at larger k are optimistic).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from draftfit.errors import DraftfitError
+
+SCHEMA_VERSION = 1  # of `draftfit predict --json` (docs/predict-json.md)
+DEFAULT_INPUT_LEN = 512
+DEFAULT_OUTPUT_LEN = 256
+DEFAULT_GPU_MEMORY_UTILIZATION = 0.9  # vLLM's default
+
+
+@dataclass(frozen=True)
+class Acceptance:
+    """Predicted AL for each k, and how it was derived."""
+
+    ks: tuple[int, ...]
+    al: tuple[float, ...]
+    per_position: tuple[float, ...]
+    how: str
+
+    @classmethod
+    def from_rates(cls, rates: Sequence[float], ks: Sequence[int] | None) -> Acceptance:
+        rates = [float(r) for r in rates]
+        if not rates:
+            raise DraftfitError("--acceptance-rates is empty", fix="Give vLLM's per-position rates, e.g. 0.8,0.6,0.45")
+        if any(not 0.0 <= r <= 1.0 for r in rates):
+            raise DraftfitError(f"acceptance rates {rates} must lie in [0, 1]", fix="Give fractions, not percent")
+        if any(b > a + 1e-12 for a, b in zip(rates, rates[1:], strict=False)):
+            raise DraftfitError(
+                f"acceptance rates {rates} rise along the draft; vLLM's per-position rates are marginal and never rise",
+                fix="Give vllm:spec_decode_num_accepted_tokens_per_pos[i] / num_drafts, in position order",
+            )
+        ks = tuple(ks) if ks else (len(rates),)
+        if max(ks) > len(rates):
+            raise DraftfitError(
+                f"k={max(ks)} needs {max(ks)} per-position rates, {len(rates)} given",
+                fix=f"Predict for k ≤ {len(rates)}, or give a rate for every position",
+            )
+        al = tuple(1.0 + float(np.sum(rates[:k])) for k in ks)
+        return cls(ks, al, tuple(rates), f"measured per-position rates ({len(rates)} positions)")
+
+    @classmethod
+    def from_length(cls, length: float, ks: Sequence[int] | None) -> Acceptance:
+        if not ks:
+            raise DraftfitError("--acceptance-length needs --k (the k it was measured at comes first)",
+                                fix="Add e.g. --k 3 (then more k values to predict: --k 3,2,4,5)")
+        k0 = int(ks[0])
+        if not 1.0 <= length <= k0 + 1:
+            raise DraftfitError(f"acceptance length {length:g} is outside [1, k+1] = [1, {k0 + 1}] for k={k0}",
+                                fix="Give vLLM's mean acceptance length (1 + accepted / drafts) at the first --k")
+        alpha = iid_alpha(length, k0)
+        al = tuple(iid_length(alpha, k) for k in ks)
+        rates = tuple(alpha ** (i + 1) for i in range(max(ks)))
+        return cls(tuple(int(k) for k in ks), al, rates,
+                   f"i.i.d. assumption: α = {alpha:.4f} per token from AL {length:g} at k={k0}")
+
+
+def iid_length(alpha: float, k: int) -> float:
+    """Mean tokens per step with i.i.d. acceptance ``alpha`` and ``k`` drafts (Leviathan et al.)."""
+    return float(k + 1) if alpha >= 1.0 else (1.0 - alpha ** (k + 1)) / (1.0 - alpha)
+
+
+def iid_alpha(length: float, k: int) -> float:
+    """The ``alpha`` whose :func:`iid_length` at ``k`` is ``length`` (bisection; it rises with alpha)."""
+    if length >= k + 1:
+        return 1.0
+    lo, hi = 0.0, 1.0
+    for _ in range(100):
+        mid = 0.5 * (lo + hi)
+        if iid_length(mid, k) < length:
+            lo = mid
+        else:
+            hi = mid
+    return 0.5 * (lo + hi)
+
+
+@dataclass
+class WhatIf:
+    """The prediction: one entry per (k, concurrency), the VRAM, and where every input came from."""
+
+    entries: list[dict[str, Any]]
+    vram: dict[str, Any]
+    provenance: dict[str, Any]
+    notes: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"schema_version": SCHEMA_VERSION, "kind": "predicted", "entries": self.entries, "vram": self.vram, "provenance": self.provenance,
+                "notes": self.notes}
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2, allow_nan=False, default=float)
+
+
+def model_config(spec: str, *, trust_remote_code: bool = False) -> tuple[dict[str, Any], str]:
+    """A model reference's config.json (a directory holding only config.json suffices) and its name."""
+    from draftfit.refs import metadata_dir, resolve
+
+    ref = resolve(spec)
+    if ref.kind == "dir":
+        from pathlib import Path
+
+        path = Path(ref.location) / "config.json"
+        if not path.is_file():
+            raise DraftfitError("no config.json", where=spec, fix="Point at a directory holding the model's config.json")
+    else:
+        path = metadata_dir(ref, trust_remote_code=trust_remote_code) / "config.json"
+    try:
+        return json.loads(path.read_text(encoding="utf-8")), ref.name
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise DraftfitError(f"config.json is not readable JSON ({exc})", where=spec, fix="Fix or replace config.json") from exc
+
+
+def weight_dtype(config: dict[str, Any]) -> str:
+    """What the checkpoint's weights are stored in: its quantization method, else its torch dtype."""
+    quant = (config.get("quantization_config") or {}).get("quant_method")
+    if quant in ("fp8", "awq", "gptq"):
+        return str(quant)
+    dtype = str(config.get("torch_dtype") or config.get("dtype") or "bfloat16")
+    return "fp16" if dtype in ("float16", "half") else "fp32" if dtype == "float32" else "bf16"
+
+
+def predict_what_if(
+    target: str,
+    *,
+    gpu: str,
+    draft: str | None = None,
+    method: str | None = None,
+    ks: Sequence[int] | None = None,
+    acceptance_length: float | None = None,
+    acceptance_rates: Sequence[float] | None = None,
+    gpu_count: int = 1,
+    tensor_parallel_size: int = 1,
+    concurrency: Sequence[int] = (1, 4, 8, 16, 32),
+    input_len: int = DEFAULT_INPUT_LEN,
+    output_len: int = DEFAULT_OUTPUT_LEN,
+    gpu_memory_utilization: float = DEFAULT_GPU_MEMORY_UTILIZATION,
+    max_model_len: int | None = None,
+    kv_cache_dtype: str | None = None,
+    gpu_catalog: str | None = None,
+    trust_remote_code: bool = False,
+) -> WhatIf:
+    """Predict speed and memory of (target, draft, method) on ``gpu`` for every k and concurrency."""
+    from draftfit.costmodel import RooflineStepTime, predict_costs
+    from draftfit.hardware import ModelShape, load_catalog, parse_hardware
+    from draftfit.methods import CANDIDATE_METHODS, get_method
+    from draftfit.vram import dtype_bytes, vram_report
+
+    hardware = parse_hardware(f"{gpu_count}x {gpu}", catalog=load_catalog(gpu_catalog), tensor_parallel_size=tensor_parallel_size)
+    if kv_cache_dtype not in (None, "auto"):
+        dtype_bytes(kv_cache_dtype)  # an unknown name fails here with the known ones
+    if input_len < 1 or output_len < 1:
+        raise DraftfitError(f"--input-len {input_len} and --output-len {output_len} must be ≥ 1", fix="Give token counts ≥ 1")
+    speculating = method is not None or draft is not None
+    if speculating:
+        method = method or "draft_model"
+        if method not in CANDIDATE_METHODS:
+            raise DraftfitError(f"unknown method {method!r}", fix=f"Use one of: {', '.join(CANDIDATE_METHODS)}")
+        spec_method = get_method(method)
+        if spec_method.uses_model and draft is None:
+            raise DraftfitError(f"method {method} needs --draft (its model or head)", fix="Add --draft DRAFT")
+        if spec_method.model_free and draft is not None:
+            raise DraftfitError(f"method {method} uses no draft model", fix="Drop --draft")
+        if (acceptance_length is None) == (acceptance_rates is None):
+            raise DraftfitError("give one of --acceptance-length or --acceptance-rates",
+                                fix="Pass vLLM's measured mean acceptance length, or its per-position rates")
+    elif acceptance_length is not None or acceptance_rates is not None or ks:
+        raise DraftfitError("--acceptance-length, --acceptance-rates and --k need a draft",
+                            fix="Add --draft DRAFT (or --method ngram), or drop them for the baseline")
+
+    target_config, target_name = model_config(target, trust_remote_code=trust_remote_code)
+    target_shape = ModelShape.from_config(target_config, name=target_name)
+    target_dtype = weight_dtype(target_config)
+    # vLLM's kv_cache_dtype "auto" is the activation dtype (bf16 here), not the weights' quantization
+    kv_dtype = kv_cache_dtype if kv_cache_dtype not in (None, "auto") else ("fp16" if target_dtype == "fp16" else "bf16")
+    tp = hardware.tensor_parallel_size
+    target_step = RooflineStepTime(hardware.gpu, target_shape, tp, target_dtype, kv_dtype)
+    max_len = int(max_model_len or target_config.get("max_position_embeddings") or input_len + output_len)
+    levels = tuple(sorted(set(int(c) for c in concurrency)))
+    notes: list[str] = [
+        "the roofline has no calibrated fixed cost per forward pass yet and predicts speedups on GPUs too high "
+        "against published measurements: read the speedups as upper estimates"]
+
+    draft_shape, draft_dtype, draft_name = None, target_dtype, None
+    if speculating:
+        from draftfit.costmodel import ModelDraftCost, ModelFreeDraftCost
+
+        acceptance = (Acceptance.from_rates(acceptance_rates, ks) if acceptance_rates is not None
+                      else Acceptance.from_length(float(acceptance_length), ks))
+        if acceptance_length is not None:
+            notes.append(f"acceptance: {acceptance.how}; measured per-position rates give better predictions at other k")
+        if draft is not None:
+            draft_config, draft_name = model_config(draft, trust_remote_code=trust_remote_code)
+            draft_shape = ModelShape.from_config(draft_config, name=draft_name)
+            draft_dtype = weight_dtype(draft_config)
+            draft_cost = ModelDraftCost(RooflineStepTime(hardware.gpu, draft_shape, tp, draft_dtype, kv_dtype))
+        else:
+            draft_cost = ModelFreeDraftCost(method)
+            notes.append(f"{method}: assumed to propose at every step (the AL given is tokens per drafting step)")
+        prediction = predict_costs(
+            target_step, draft_cost, acceptance.ks, acceptance.al, concurrency=levels,
+            context_len=input_len + output_len / 2, prompt_len=float(input_len), output_len=float(output_len),
+        )
+        entries = [
+            {"k": int(k), "concurrency": int(level), "method": method, "al_predicted": float(acceptance.al[i]),
+             "speedup_predicted": float(prediction.speedup[i, j]),
+             "itl_ms_predicted": 1000 * float(prediction.itl_spec_s[i, j]),
+             "itl_base_ms_predicted": 1000 * float(prediction.itl_base_s[j]),
+             "step_ms_predicted": 1000 * float(prediction.t_spec[i, j]),
+             "step_base_ms_predicted": 1000 * float(prediction.t_base[j]),
+             "tok_s_per_seq_predicted": float(prediction.tok_s_per_seq[i, j]),
+             "tok_s_aggregate_predicted": float(prediction.tok_s_aggregate[i, j])}
+            for i, k in enumerate(acceptance.ks) for j, level in enumerate(levels)
+        ]
+        acceptance_info = {"how": acceptance.how, "per_position": list(acceptance.per_position)}
+    else:
+        from draftfit.costmodel import ModelFreeDraftCost
+
+        prediction = predict_costs(target_step, ModelFreeDraftCost("none"), [1], [1.0], concurrency=levels,
+                                   context_len=input_len + output_len / 2, prompt_len=float(input_len),
+                                   output_len=float(output_len))
+        entries = [
+            {"k": None, "concurrency": int(level), "method": None,
+             "itl_base_ms_predicted": 1000 * float(prediction.itl_base_s[j]),
+             "step_base_ms_predicted": 1000 * float(prediction.t_base[j]),
+             "tok_s_per_seq_predicted": float(prediction.base_tok_s_per_seq[j]),
+             "tok_s_aggregate_predicted": float(prediction.base_tok_s_aggregate[j])}
+            for j, level in enumerate(levels)
+        ]
+        acceptance_info = None
+
+    vram = vram_report(hardware, target_shape, draft_shape, target_dtype=target_dtype, draft_dtype=draft_dtype,
+                       kv_cache_dtype=kv_dtype, gpu_memory_utilization=gpu_memory_utilization, max_model_len=max_len,
+                       concurrency=max(levels), tokens_per_seq=min(max_len, input_len + output_len))
+    capacity = vram.capacity_tokens_with_draft if draft_shape is not None else vram.capacity_tokens_baseline
+    per_token = vram.kv_target_bytes_per_token + vram.kv_draft_bytes_per_token
+    vram_out = {
+        "kind": "predicted",
+        "kv_capacity_tokens": int(capacity),
+        "kv_capacity_tokens_baseline": int(vram.capacity_tokens_baseline),
+        "kv_cache_gib": capacity * per_token / 2**30,
+        "extra_vram_gib": float(vram.extra_gib),
+        "fits": bool(vram.fits if draft_shape is not None else vram.baseline_fits),
+        # a report without a draft judges the target alone
+        "fit_reason": vram.fit_reason if draft_shape is not None else vram.fit_reason.replace("with draft:", "baseline:", 1),
+        "max_model_len": max_len,
+        "gpu_memory_utilization": gpu_memory_utilization,
+        "kv_cache_dtype": kv_dtype,
+        "report": vram.to_dict(),
+    }
+    provenance = {
+        "target": {"reference": target, "name": target_name, "weight_dtype": target_dtype, "shape": target_shape.to_dict()},
+        "draft": ({"reference": draft, "name": draft_name, "weight_dtype": draft_dtype, "shape": draft_shape.to_dict()}
+                  if draft_shape is not None else None),
+        "method": method,
+        "hardware": {**hardware.to_dict(), "label": hardware.label()},
+        "latency_source": target_step.source,
+        "cost_model": target_step.to_dict(),
+        "acceptance": acceptance_info,
+        "input_len": input_len,
+        "output_len": output_len,
+    }
+    return WhatIf(entries, vram_out, provenance, notes)
