@@ -18,6 +18,7 @@ built-in defaults < a study file (``--study FILE``, or the ``study:`` block of a
 
 from __future__ import annotations
 
+import difflib
 import re
 from pathlib import Path
 from typing import Literal
@@ -66,9 +67,9 @@ class DraftSpec(_Strict):
 
 class StudySettings(_Strict):
     prompts: str | None = Field(None, description="Service prompts: JSONL, CSV, Parquet or a saved dataset dir. Default: the bundled demo set.")
-    prompt_column: str = "prompt"
-    messages_column: str = "messages"
-    category_column: str = "category"
+    prompt_column: str = Field("prompt", description="Column holding plain text prompts.")
+    messages_column: str = Field("messages", description="Column holding chat conversations (a list of role/content messages).")
+    category_column: str = Field("category", description="Optional column naming each prompt's category (for per-segment results).")
     sample_size: int = Field(64, ge=1, description="Prompts to sample (stratified by input length).")
     seed: int = Field(0, description="Seed for sampling prompts and the target's sampling.")
     length_thresholds: tuple[int, int] = (256, 1024)
@@ -118,6 +119,9 @@ class StudySettings(_Strict):
         short, medium = self.length_thresholds
         if not 0 < short < medium:
             raise ValueError(f"length_thresholds must rise: got {short}, {medium}")
+        if self.max_tokens >= self.max_model_len - 1:
+            raise ValueError(f"max_tokens {self.max_tokens} leaves no room for a prompt in max_model_len {self.max_model_len}: "
+                             "raise --max-model-len or lower --max-tokens")
         if self.primary_concurrency not in self.concurrency:
             raise ValueError(f"primary_concurrency {self.primary_concurrency} is not among concurrency {list(self.concurrency)}")
         if self.latency_source == "roofline" and not self.gpu:
@@ -136,7 +140,9 @@ class Candidate(_Strict):
     @field_validator("k", mode="before")
     @classmethod
     def _k_list(cls, value):
-        if isinstance(value, int):
+        if isinstance(value, int) and not isinstance(value, bool):
+            if not 1 <= value <= MAX_K:
+                raise ValueError(f"{value} must be between 1 and {MAX_K} (a whole number of speculative tokens, or a list of them)")
             return (value,)
         return value
 
@@ -159,8 +165,24 @@ def _format_validation(error: ValidationError) -> str:
         message = item["msg"].removeprefix("Value error, ")
         if item["type"] == "extra_forbidden":
             message = "unknown key"
+            near = difflib.get_close_matches(str(item["loc"][-1]), _known_keys(), n=1, cutoff=0.75)
+            if near:
+                message += f" (did you mean {near[0]}?)"
         parts.append(f"{where}: {message}" if where else message)
     return " ".join("; ".join(parts).splitlines())
+
+
+def _known_keys() -> list[str]:
+    return sorted({name for model in (Candidate, DraftSpec, Derived, StudySettings) for name in model.model_fields})
+
+
+def candidate_fields_help() -> str:
+    """The candidate file's keys, for `draftfit rank --help` (from the models, so they cannot drift)."""
+    draft = ", ".join(DraftSpec.model_fields)
+    top = ", ".join(f"draft ({draft})" if name == "draft" else name for name in Candidate.model_fields)
+    return (f"Candidate file keys: {top}, and study (the study settings: the option names with underscores, e.g. "
+            f"sample_size). draft.method is one of {', '.join(CANDIDATE_METHODS)}; draft.derived is "
+            f"{{first_layers: N}}; k is 1–{MAX_K} or a list of such.")
 
 
 def _key(part: object) -> str:

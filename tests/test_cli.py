@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
@@ -57,3 +58,17 @@ def test_module_entry_point_and_light_imports():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert "Usage: draftfit" in out and "HEAVY []" in out
+
+
+def test_ctrl_c_says_how_to_resume_and_exits_130(monkeypatch, tmp_path):
+    from draftfit import pipeline
+
+    def interrupted(self):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(pipeline.RankRun, "run", interrupted)
+    candidate = Path(__file__).resolve().parents[1] / "candidates" / "ngram-5.yaml"
+    result = CliRunner().invoke(cli, ["rank", str(candidate), "--reports-dir", str(tmp_path)])
+    assert result.exit_code == 130
+    assert result.output.strip().splitlines()[-1] == "interrupted — run the same command again to resume"
+    assert "Aborted!" not in result.output

@@ -43,7 +43,7 @@ def test_a_study_option_takes_its_fields_range(name, good, bad):
 
 def test_a_setting_without_a_description_cannot_become_an_option():
     with pytest.raises(TypeError, match="needs a description"):
-        study_option("prompt_column")
+        study_option("length_thresholds")
 
 
 @pytest.mark.parametrize("text, parsed", [("1,4, 8", (1, 4, 8)), (None, None)])
@@ -55,6 +55,18 @@ def test_int_list(text, parsed):
 def test_int_list_refuses(text):
     with pytest.raises(click.BadParameter, match="whole numbers"):
         int_list(None, None, text)
+
+
+def test_rank_help_lists_the_candidate_file_keys():
+    from draftfit.candidates import Candidate, DraftSpec
+
+    text = " ".join(RANK.epilog.split())
+    assert all(name in text for name in [*Candidate.model_fields, *DraftSpec.model_fields])
+
+
+def test_verify_takes_the_dtype():
+    param = next(p for p in COMMANDS["verify"].params if p.name == "dtype")
+    assert set(param.type.choices) == {"auto", "bfloat16", "float16", "float32"} and "Default: the study's" in param.help
 
 
 def test_every_command_has_one_trust_remote_code_help():

@@ -43,3 +43,12 @@ def test_configs_that_do_not_fit_are_listed_unranked():
 def test_long_rankings_are_cut_with_a_pointer():
     text = format_table(_results([_config("ngram", k, k, {1: 2.0 - k / 10}) for k in range(1, 6)]), limit=3)
     assert text.splitlines()[-1] == "  (2 more ranked configs in results.csv and the report)"
+
+
+def test_a_long_ranking_still_shows_the_best_configuration_of_every_draft():
+    configs = [_config("ngram", k, k, {1: 3.0 - k / 10}) for k in range(1, 6)]
+    configs += [_config("early-exit-4", 2, 6, {1: 2.2}), _config("early-exit-4", 3, 7, {1: 2.1}), _config("self", 1, 8, {1: 1.2})]
+    lines = format_table(_results(configs), limit=3).splitlines()
+    i = lines.index("  the best configuration of every other draft:")
+    assert [line.split()[:3] for line in lines[i + 1:i + 3]] == [["6", "early-exit-4", "k=2"], ["8", "self", "k=1"]]
+    assert lines[-1] == "  (3 more ranked configs in results.csv and the report)"

@@ -28,6 +28,10 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
 }
 
 
+RESUMABLE = {"rank", "verify"}  # keep their finished stages and go on where they stopped
+INTERRUPTED = 130  # 128 + SIGINT, as shells report an interrupted command
+
+
 class CliError(click.ClickException):
     """A DraftfitError on its way to the terminal: one line, exit code 2."""
 
@@ -70,7 +74,11 @@ class DraftfitGroup(click.Group):
             if _debug(ctx):
                 raise
             raise CliError(str(exc)) from exc
-        except (click.ClickException, click.exceptions.Exit, click.Abort, KeyboardInterrupt):
+        except KeyboardInterrupt:
+            resume = " — run the same command again to resume" if ctx.invoked_subcommand in RESUMABLE else ""
+            click.echo(f"\ninterrupted{resume}", err=True)
+            ctx.exit(INTERRUPTED)
+        except (click.ClickException, click.exceptions.Exit, click.Abort):
             raise
         except Exception as exc:  # noqa: BLE001 - the last line of defence, traceback with --debug
             if _debug(ctx):

@@ -8,15 +8,16 @@ from pathlib import Path
 
 import click
 
+from draftfit.candidates import candidate_fields_help
 from draftfit.cli.options import show_prompts, study_options, trust_remote_code
 
 
-@click.command("rank")
+@click.command("rank", epilog=candidate_fields_help())
 @click.argument("candidate_files", nargs=-1, required=True, type=click.Path(dir_okay=False, path_type=Path))
 @click.option("--study", "study_file", type=click.Path(dir_okay=False, path_type=Path),
               help="YAML file of study settings (below). Precedence: defaults < study file < candidate files' `study:` blocks < options.")
-@study_options("prompts", "sample_size", "seed", "temperature", "top_p", "max_tokens", "max_model_len",
-               "draft_sample_method", "latency_source")
+@study_options("prompts", "prompt_column", "messages_column", "category_column", "sample_size", "seed", "temperature", "top_p", "max_tokens", "max_model_len",
+               "draft_sample_method", "dtype", "latency_source")
 @click.option("--profile-plan", type=click.Choice(["standard", "quick"]), default="standard", show_default=True,
               help="How many engine steps to time for the measured latency profile (quick: fewer, noisier).")
 @study_options("gpu", "gpu_count", "tensor_parallel_size", "gpu_memory_utilization", "engine_memory_utilization",

@@ -29,10 +29,23 @@ def format_table(results: results_mod.Results, *, limit: int = 20) -> str:
         lines.append(f"{rank:>4} {c['candidate'] + ' k=' + str(c['k']):<22} {al:>15} {speeds} {c['extra_vram_gib']:>9.3f}  {'yes' if c['fits'] else 'NO'}")
         lines.extend(_measured_lines(c))
 
-    for c in configs[:limit]:
+    def ranked_row(c: dict) -> None:
         row(c, f"{c['rank']}{'*' if c.get('pareto') else ' '}")
+
+    for c in configs[:limit]:
+        ranked_row(c)
     if len(configs) > limit:
-        lines.append(f"  ({len(configs) - limit} more ranked configs in results.csv and the report)")
+        shown = {c["candidate"] for c in configs[:limit]}
+        best_of_rest = []
+        for c in configs[limit:]:  # ranked order: the first row of a draft is its best
+            if c["candidate"] not in shown:
+                shown.add(c["candidate"])
+                best_of_rest.append(c)
+        if best_of_rest:
+            lines.append("  the best configuration of every other draft:")
+            for c in best_of_rest:
+                ranked_row(c)
+        lines.append(f"  ({len(configs) - limit - len(best_of_rest)} more ranked configs in results.csv and the report)")
     unranked = [c for c in results.configs if c.get("rank") is None]
     if unranked:
         lines.append(f"  not ranked — they do not fit in memory at the study's concurrency and max_model_len ({len(unranked)}):")

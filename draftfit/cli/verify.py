@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import typing
 from pathlib import Path
 
 import click
 
+from draftfit.candidates import Dtype
 from draftfit.cli.options import int_list, show_prompts, trust_remote_code
 
 
@@ -23,6 +25,9 @@ from draftfit.cli.options import int_list, show_prompts, trust_remote_code
               help="Seconds per (configuration, concurrency) run; unfinished requests are aborted and counted as errors.")
 @click.option("--gpu-memory-utilization", type=click.FloatRange(min=0, min_open=True, max=1),
               help="Memory fraction of the engines started here. Default: the study's engine memory fraction.")
+@click.option("--dtype", type=click.Choice(typing.get_args(Dtype)),
+              help="The engines' dtype (auto: bfloat16 where the hardware computes it, else float32). Default: the study's, "
+                   "as `rank` ran.")
 @trust_remote_code
 @show_prompts
 @click.option("--no-resume", is_flag=True,
@@ -31,7 +36,7 @@ from draftfit.cli.options import int_list, show_prompts, trust_remote_code
 @click.option("--dry-run", is_flag=True, help="Print what would run (configurations and vLLM speculative configs) and exit.")
 @click.pass_context
 def verify(ctx, results_file, top, configs, candidate_files, ks, concurrency, requests, timeout_s, gpu_memory_utilization,
-           trust_remote_code, show_prompts, no_resume, dry_run) -> None:
+           dtype, trust_remote_code, show_prompts, no_resume, dry_run) -> None:
     """Measure real vLLM runs against the predictions in RESULTS_FILE.
 
     Runs vLLM without speculation (the baseline) and with each chosen (candidate, k) on the
@@ -60,7 +65,7 @@ def verify(ctx, results_file, top, configs, candidate_files, ks, concurrency, re
     console = _console()
     run = VerifyRun(results_file, top=top, configs=configs, candidate_files=candidate_files, ks=ks,
                     concurrency=concurrency, requests=requests, timeout_s=timeout_s,
-                    gpu_memory_utilization=gpu_memory_utilization, argv=ctx.meta.get("draftfit.argv"), debug=debug,
+                    gpu_memory_utilization=gpu_memory_utilization, dtype=dtype, argv=ctx.meta.get("draftfit.argv"), debug=debug,
                     trust_remote_code=trust_remote_code, show_prompts=show_prompts, resume=not no_resume)
     if dry_run:
         _, _, _, _, planned, levels = run.plan()

@@ -103,7 +103,8 @@ def load_prompts(
             found += f" and {len(columns) - 20} more"
         raise DraftfitError(
             f"no '{prompt_column}' or '{messages_column}' column (columns: {found})",
-            fix="Name the text column with --prompt-column or the chat column with --messages-column",
+            fix="Name the text column with --prompt-column or the chat column with --messages-column "
+                "(study keys prompt_column / messages_column)",
             where=src,
         )
     has_category = category_column in columns

@@ -311,6 +311,7 @@ class VerifyRun:
     requests: int | None = None
     timeout_s: float = DEFAULT_TIMEOUT_S
     gpu_memory_utilization: float | None = None
+    dtype: str | None = None  # the engines' dtype; default: the study's (what rank ran in)
     argv: list[str] | None = None
     debug: bool = False
     progress: Progress = field(default=lambda message: None)
@@ -356,7 +357,7 @@ class VerifyRun:
         requests = int(self.requests or len(prompts))
         plan = RunPlan(prompts, study.temperature, study.top_p, study.max_tokens, study.seed, levels, requests, float(self.timeout_s))
         options = EngineConfig(
-            dtype=study.dtype, max_model_len=study.max_model_len,
+            dtype=self.dtype or study.dtype, max_model_len=study.max_model_len,
             gpu_memory_utilization=float(self.gpu_memory_utilization or study.engine_memory_utilization),
             tensor_parallel_size=study.tensor_parallel_size, seed=study.seed, debug=self.debug,
             trust_remote_code=self.trust_remote_code,
