@@ -323,3 +323,25 @@ __all__ = [
     "select",
     "speedup_vs_concurrency",
 ]
+
+
+def measured_better(results: Results) -> str | None:
+    """A sentence when `verify` measured a configuration faster than the recommended one at the
+    primary concurrency (both measured, neither a suspected engine fault), else None."""
+    rec = results.recommendation or {}
+    level = rec.get("primary_concurrency")
+    usable = [r for r in measured_vs_predicted(results)
+              if not r["baseline"] and r["concurrency"] == level and r["speedup_measured"] is not None
+              and not r["engine_fault"] and not r["engine_failed"]]
+    if not usable:
+        return None
+    best = max(usable, key=lambda r: r["speedup_measured"])
+    chosen = (rec.get("candidate"), rec.get("k"))
+    mine = next((r for r in usable if (r["candidate"], r["k"]) == chosen), None)
+    if (best["candidate"], best["k"]) == chosen or (mine is not None and best["speedup_measured"] <= mine["speedup_measured"]):
+        return None
+    if mine is None:
+        return (f"the recommended {chosen[0]} k={chosen[1]} was not verified; of the verified configurations "
+                f"{best['config']} measured fastest at concurrency {level}: {best['speedup_measured']:.2f}× (measured)")
+    return (f"verify measured {best['config']} faster than the recommended {mine['config']} at concurrency {level}: "
+            f"{best['speedup_measured']:.2f}× against {mine['speedup_measured']:.2f}× (measured, one run each)")

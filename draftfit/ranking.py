@@ -4,11 +4,13 @@ Rules, in order:
 
 1. Only configurations that fit in memory are ranked; the others are listed as not fitting and are
    never recommended.
-2. Order by predicted speedup at the *primary* concurrency (point estimate).
-3. Ties within the confidence interval go to the smaller k, then to the cheaper draft. At each
-   position the leader is the remaining config with the highest speedup; a config is *tied* with
-   it when its CI reaches the leader's lower bound (``speedup_high ≥ leader.speedup_low``); among the
-   tied configs the one with the smallest (k, draft cost) takes the position.
+2. Order by predicted speedup at the *primary* concurrency (point estimate); equal speedups by
+   smaller k, then cheaper draft.
+3. The tie rule chooses the recommendation, once: among the configurations predicted to pay
+   (speedup ≥ 1), a config is *tied* with the fastest when its CI reaches the fastest one's lower
+   bound (``speedup_high ≥ leader.speedup_low``); among the tied configs the one with the smallest
+   (k, draft cost) is recommended — so the recommendation need not be rank 1, and says why. The
+   per-batch-size k schedule applies the same rule among one candidate's ks at each level.
 4. Acceptance rate is carried for display only and never used to order: it falls as k grows, so
    comparing it across k favours small k for no reason.
 
@@ -20,7 +22,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from draftfit.costmodel import CostPrediction
@@ -181,19 +183,23 @@ def pareto_front(rows: Sequence[RankRow], primary: int) -> list[bool]:
 
 
 def rank_configs(rows: Sequence[RankRow], primary_concurrency: int) -> list[RankedRow]:
-    """Rows in rank order (fitting first, by the module's rules), then the ones that do not fit."""
+    """Rows in rank order (fitting first, by predicted speedup at the primary concurrency), then the
+    ones that do not fit."""
     if not rows:
         return []
     _same_levels(rows)
     pareto = dict(zip(map(id, rows), pareto_front(rows, primary_concurrency), strict=True))
-    fitting = [r for r in rows if r.fits]
+    i = rows[0].level(primary_concurrency)
+    fitting = sorted((r for r in rows if r.fits), key=lambda r: (-r.speedup[i], r.k, r.draft_cost, r.candidate))
     out: list[RankedRow] = []
-    remaining = list(fitting)
-    while remaining:
-        i = remaining[0].level(primary_concurrency)
-        chosen, reason = _pick(remaining, i)
-        remaining.remove(chosen)
-        out.append(RankedRow(chosen, len(out) + 1, pareto[id(chosen)], reason))
+    for n, r in enumerate(fitting, 1):
+        if n == 1:
+            reason = "highest predicted speedup"
+        elif r.speedup[i] == fitting[n - 2].speedup[i]:
+            reason = f"predicted speedup {r.speedup[i]:.2f}×, equal to rank {n - 1}'s; after it by k, then draft cost"
+        else:
+            reason = f"predicted speedup {r.speedup[i]:.2f}× [{r.speedup_low[i]:.2f}, {r.speedup_high[i]:.2f}]: rank {n} by the point estimate"
+        out.append(RankedRow(r, n, pareto[id(r)], reason))
     for r in rows:
         if not r.fits:
             out.append(RankedRow(r, None, False, f"not ranked: does not fit ({r.fit_reason})"))
@@ -323,52 +329,29 @@ class Recommendation:
 def recommend(
     ranked: Sequence[RankedRow], rows: Sequence[RankRow], primary_concurrency: int
 ) -> Recommendation:
-    """The top-ranked fitting config if its predicted speedup at the primary concurrency is ≥ 1."""
-    top = next((r for r in ranked if r.rank == 1), None)
-    if top is None:
+    """The tie rule's choice among the fitting configs predicted to pay at the primary concurrency."""
+    fitting = [r.row for r in ranked if r.rank is not None]
+    if not fitting:
         return Recommendation(
-            primary_concurrency,
-            None,
-            None,
-            None,
-            None,
-            None,
-            None,
-            None,
-            None,
-            (),
+            primary_concurrency, None, None, None, None, None, None, None, None, (),
             "no configuration fits in memory: serve without speculation",
         )
-    row = top.row
-    i = row.level(primary_concurrency)
-    if row.speedup[i] < 1.0:
+    i = fitting[0].level(primary_concurrency)
+    paying = [r for r in fitting if r.speedup[i] >= 1.0]
+    if not paying:
+        best = fitting[0]
         return Recommendation(
-            primary_concurrency,
-            None,
-            None,
-            None,
-            None,
-            row.speedup[i],
-            row.speedup_low[i],
-            row.speedup_high[i],
-            None,
-            (),
-            f"best fitting config {_fmt(row, i)} is predicted slower than no speculation "
+            primary_concurrency, None, None, None, None, best.speedup[i], best.speedup_low[i], best.speedup_high[i],
+            None, (),
+            f"best fitting config {_fmt(best, i)} is predicted slower than no speculation "
             f"at concurrency {primary_concurrency}: serve without speculation",
         )
+    row, why = _pick(paying, i)
+    rank = next(r.rank for r in ranked if r.row is row)
     schedule = tuple(k_schedule(rows, row.candidate))
     return Recommendation(
-        primary_concurrency,
-        row.candidate,
-        row.method,
-        row.model,
-        row.k,
-        row.speedup[i],
-        row.speedup_low[i],
-        row.speedup_high[i],
-        row.extra_vram_bytes,
-        schedule,
-        f"rank 1 at concurrency {primary_concurrency}: {top.reason}",
+        primary_concurrency, row.candidate, row.method, row.model, row.k, row.speedup[i], row.speedup_low[i],
+        row.speedup_high[i], row.extra_vram_bytes, schedule, f"rank {rank} at concurrency {primary_concurrency}: {why}",
     )
 
 
@@ -391,9 +374,13 @@ class Ranking:
 
 
 def build_ranking(rows: Sequence[RankRow], primary_concurrency: int) -> Ranking:
-    """Rank, mark the Pareto front and recommend, in one call."""
+    """Rank, mark the Pareto front and recommend, in one call; the recommended row says so."""
     ranked = rank_configs(rows, primary_concurrency)
-    return Ranking(primary_concurrency, tuple(ranked), recommend(ranked, rows, primary_concurrency))
+    recommendation = recommend(ranked, rows, primary_concurrency)
+    if recommendation.candidate is not None:
+        ranked = [replace(r, reason=f"{r.reason}; recommended — {recommendation.reason}")
+                  if (r.row.candidate, r.row.k) == (recommendation.candidate, recommendation.k) else r for r in ranked]
+    return Ranking(primary_concurrency, tuple(ranked), recommendation)
 
 
 __all__ = [

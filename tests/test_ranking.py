@@ -82,25 +82,47 @@ def test_configs_that_do_not_fit_are_never_ranked():
     assert build_ranking(rows, 1).recommendation.candidate == "small"
 
 
-def test_tie_within_ci_goes_to_smaller_k():
+def test_tie_within_ci_recommends_the_smaller_k_but_the_order_stays_by_speedup():
     rows = [row("a", 5, 1.80, 1.70, 1.90), row("a", 3, 1.75, 1.65, 1.85)]
-    ranked = rank_configs(rows, 1)
-    assert order(ranked) == [("a", 3), ("a", 5)]
-    assert ranked[0].reason.startswith(
-        "tied within CI with a k=5 (1.80× [1.70, 1.90]); chosen for smaller k"
-    )
+    ranking = build_ranking(rows, 1)
+    assert order(ranking.ranked) == [("a", 5), ("a", 3)]
+    assert ranking.ranked[0].reason == "highest predicted speedup"
+    rec = ranking.recommendation
+    assert (rec.candidate, rec.k) == ("a", 3)
+    assert rec.reason.startswith("rank 2 at concurrency 1: tied within CI with a k=5 (1.80× [1.70, 1.90]); chosen for smaller k")
+    assert ranking.ranked[1].reason.endswith(f"recommended — {rec.reason}")
 
 
-def test_tie_within_ci_goes_to_cheaper_draft():
+def test_tie_within_ci_recommends_the_cheaper_draft():
     rows = [row("big", 4, 1.80, 1.70, 1.90, cost=8e9), row("small", 4, 1.78, 1.60, 1.90, cost=1e9)]
-    ranked = rank_configs(rows, 1)
-    assert order(ranked) == [("small", 4), ("big", 4)]
-    assert "cheaper draft" in ranked[0].reason
+    ranking = build_ranking(rows, 1)
+    assert order(ranking.ranked) == [("big", 4), ("small", 4)]
+    assert ranking.recommendation.candidate == "small" and "cheaper draft" in ranking.recommendation.reason
 
 
 def test_smaller_k_is_preferred_over_cheaper_draft_when_both_tie():
-    rows = [row("big", 3, 1.80, 1.70, 1.90, cost=8e9), row("small", 5, 1.79, 1.70, 1.90, cost=1e9)]
-    assert order(rank_configs(rows, 1)) == [("big", 3), ("small", 5)]
+    rows = [row("big", 3, 1.79, 1.70, 1.90, cost=8e9), row("small", 5, 1.80, 1.70, 1.90, cost=1e9)]
+    ranking = build_ranking(rows, 1)
+    assert order(ranking.ranked) == [("small", 5), ("big", 3)]
+    assert (ranking.recommendation.candidate, ranking.recommendation.k) == ("big", 3)
+
+
+def test_the_order_is_by_speedup_even_when_many_ties_chain():
+    """Pairwise ties applied down the list used to push the fastest config behind slower ones
+    (ngram k=6 at 1.75× sat 11th behind configs at 1.49×)."""
+    rows = [row("ngram", k, 1.40 + 0.05 * k, 1.28 + 0.05 * k, 1.52 + 0.05 * k) for k in range(1, 8)]
+    ranking = build_ranking(rows, 1)
+    speeds = [r.row.speedup[0] for r in ranking.ranked]
+    assert speeds == sorted(speeds, reverse=True) and ranking.ranked[0].row.k == 7
+    rec = ranking.recommendation
+    # k=7: 1.75× [1.63, 1.87]; k=3's CI reaches 1.67, k=2's only 1.62
+    assert rec.k == 3 and "tied within CI with ngram k=7" in rec.reason
+
+
+def test_a_recommendation_never_predicts_a_loss():
+    rows = [row("a", 4, 1.02, 0.80, 1.20), row("a", 1, 0.95, 0.90, 1.05)]
+    rec = build_ranking(rows, 1).recommendation
+    assert rec.k == 4  # k=1 ties within CI but is predicted slower than no speculation
 
 
 def test_no_tie_when_intervals_are_apart():

@@ -503,3 +503,17 @@ def test_tables_match_the_configs(example):
     assert all(r["kind"] == "predicted" for r in rows + speed)
     ranked = [r["rank"] for r in explore.ranking(example) if r["rank"] is not None]
     assert ranked == sorted(ranked) == list(range(1, len(ranked) + 1))
+
+
+def test_the_recommendation_says_when_verify_measured_a_faster_configuration(example):
+    from draftfit.explore import measured_better
+
+    text = measured_better(example)
+    assert text == ("verify measured ngram-2-4 k=3 faster than the recommended ngram-2-4 k=2 at concurrency 1: "
+                    "1.48× against 1.36× (measured, one run each)")
+    assert f"<strong>Measured:</strong> {text}." in render_html(example).replace("&#215;", "×")
+    faster = [dict(e, speedup_measured=9.0) if (e.get("candidate"), e.get("k")) == ("ngram-2-4", 2) else e
+              for e in example.measured]
+    assert measured_better(example.model_copy(update={"measured": faster})) is None
+    unverified = [e for e in example.measured if (e.get("candidate"), e.get("k")) != ("ngram-2-4", 2)]
+    assert "the recommended ngram-2-4 k=2 was not verified" in measured_better(example.model_copy(update={"measured": unverified}))

@@ -90,6 +90,11 @@ def verify(ctx, results_file, top, configs, candidate_files, ks, concurrency, re
         for item in summary["flagged"]:
             name = "baseline" if item["candidate"] is None else f"{item['candidate']} k={item['k']}"
             click.echo(f"  {name} at concurrency {item['concurrency']}: {', '.join(item['flags'])}")
+    from draftfit.explore import measured_better
+
+    better = measured_better(results)
+    if better:
+        click.echo(f"\nRecommendation check: {better}")
     click.echo(f"\nwrote measured values into {results_file} and {results_file.with_suffix('.csv')}")
     if run.report_path is not None:
         click.echo(f"report: {run.report_path}")

@@ -178,6 +178,7 @@ def _recommendation(results: Results) -> dict[str, Any]:
         "deploy_version": recommended.get("vllm_version"),
         "baseline_shell": baseline.get("shell"),
         "measured": measured,
+        "measured_better": explore.measured_better(results),
     }
 
 
