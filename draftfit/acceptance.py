@@ -535,6 +535,8 @@ class WalkBounds:
         n_emit = np.maximum(self.n_tokens[sel] - 1, 0).astype(np.float64)
         emit_lo = np.where(ex, lo.num_accepted_tokens[sel, i] + steps_max, n_emit)
         emit_hi = np.where(ex, hi.num_accepted_tokens[sel, i] + steps_min, n_emit + k * (n_emit > 0))
+        # a step emits at most k + 1 tokens, however loose the bound on the tokens past the stop
+        emit_hi = np.minimum(emit_hi, steps_min * (k + 1.0))
         with np.errstate(divide="ignore", invalid="ignore"):
             return float(emit_lo.sum() / steps_max.sum()), float(emit_hi.sum() / steps_min.sum())
 

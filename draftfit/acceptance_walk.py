@@ -173,13 +173,21 @@ def predict_model_draft(
     engine: EngineKind = "vllm",
     temperature: float | None = None,
     vocab_size: int | None = None,
+    draft_is_target: bool = False,
 ) -> WalkBounds:
     """Predicted counters of a draft model for every k (see the module doc for ``engine`` and
     ``max_tokens``). ``rule`` defaults to vLLM's at the trajectories' temperature with greedy
-    drafting (:func:`draftfit.acceptance.select_rule`)."""
+    drafting (:func:`draftfit.acceptance.select_rule`). ``draft_is_target``: the draft is the
+    target itself, whose drafts the greedy and probabilistic rules always accept (q = p) — exactly,
+    whatever top-K logprobs or numerics the scores carry; greedy drafting at T > 0 accepts them with
+    p(argmax), which the scores give."""
     trajs = _trajectories(trajset)
     rule = select_rule(_temperature(trajset, temperature), "greedy", rule)
-    accept = model_draft_acceptance(trajset, scores, rule, estimator, temperature=temperature, vocab_size=vocab_size)
+    if draft_is_target and rule in ("greedy", "probabilistic"):
+        # past the stop too: the target's own continuation is what it would draft and accept
+        accept = [Interval.point(np.ones(len(t) + int(np.max(ks)))) for t in trajs]
+    else:
+        accept = model_draft_acceptance(trajset, scores, rule, estimator, temperature=temperature, vocab_size=vocab_size)
     n = stop_positions(trajs, max_tokens)
     if engine == "vllm":
         return walk(accept, ks, n)

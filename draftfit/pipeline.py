@@ -346,6 +346,7 @@ class RankRun:
 
     def _predict(self, plans, trajset, scores_by_fp, profiles, sample, target_ref, target_config):
         from draftfit.acceptance import bootstrap, segments, select_rule
+        from draftfit.acceptance_walk import midpoint
         from draftfit.costmodel import MeasuredStepTime, RooflineStepTime, predict_costs
         from draftfit.hardware import ModelShape, StepProfile
         from draftfit.metrics import SpecCounts
@@ -379,14 +380,16 @@ class RankRun:
             c = plan.candidate
             ks = list(c.k)
             method = get_method(plan.method)
-            walked = method.acceptance(plan, AcceptanceInputs(trajset, scores_by_fp, ks, rule, study.max_model_len))
+            walked = method.acceptance(plan, AcceptanceInputs(trajset, scores_by_fp, ks, rule, study.max_model_len, target_fp))
             terms = method.cost(plan, step_time, trust_remote_code=self.trust_remote_code)
             draft_cost, draft_shape, cost_rank = terms.cost, terms.shape, terms.rank_cost
-            point = walked.lower if walked.exact else walked.upper
+            # one walk gives the point AL, its counters and its per-position rates: halfway between
+            # the lower and the upper walk where the top-K logprobs leave acceptance open
+            point = walked.lower if walked.exact else midpoint(walked)
             ci_lo = bootstrap(walked.lower, seed=0)
             ci_hi = ci_lo if walked.exact else bootstrap(walked.upper, seed=0)
             al_bounds = [walked.al_bounds(k) for k in ks]
-            al = np.array([(a + b) / 2 for a, b in al_bounds]) if not walked.exact else ci_lo.mean_acceptance_length
+            al = np.array([point.counts(k).mean_acceptance_length for k in ks])
             al_low = np.minimum(ci_lo.mean_acceptance_length_low, [a for a, _ in al_bounds])
             al_high = np.maximum(ci_hi.mean_acceptance_length_high, [b for _, b in al_bounds])
             al_low = np.clip(np.nan_to_num(al_low, nan=1.0), 1.0, None)

@@ -658,3 +658,29 @@ def test_greedy_flags_with_engine_id_dtypes(dtype):
     logprobs = np.log(np.array([[0.6, 0.3], [0.5, 0.4], [0.9, 0.05]]))
     flags = acceptance_given_token("greedy", tokens, draft=TopLogprobs(ids, logprobs))
     assert flags.exact and flags.lower.tolist() == [1.0, 0.0, 1.0]
+
+
+def test_the_upper_al_bound_never_exceeds_k_plus_one():
+    """A step emits at most k + 1 tokens: the top-K bound on the tokens past the stop cannot lift
+    the AL above that (a self-draft at k=3 was bounded at 4.12)."""
+    from draftfit.acceptance import Interval, walk
+
+    for n in (2, 5, 9, 13):
+        bounds = walk([Interval(np.zeros(n), np.ones(n))], [1, 3, 4], [n])
+        for k in (1, 3, 4):
+            low, high = bounds.al_bounds(k)
+            assert 1.0 <= low <= high <= k + 1 + 1e-12, (n, k, low, high)
+
+
+def test_the_point_al_comes_from_the_same_walk_as_its_counters():
+    """rank's point prediction is one walk (midway between the bounds' walks): its AL is the AL of
+    the counters it reports."""
+    from draftfit.acceptance import Interval, walk
+    from draftfit.acceptance_walk import midpoint
+
+    bounds = walk([Interval(np.full(20, 0.2), np.full(20, 0.9))], [3], [20])
+    point = midpoint(bounds)
+    counts = point.counts(3)
+    assert counts.mean_acceptance_length == pytest.approx(1 + counts.num_accepted_tokens / counts.num_drafts)
+    lo, hi = bounds.lower.counts(3).mean_acceptance_length, bounds.upper.counts(3).mean_acceptance_length
+    assert lo <= counts.mean_acceptance_length <= hi

@@ -543,3 +543,26 @@ def test_probabilistic_rule_against_transformers(assisted_truth, hf_smollm2, pro
                                        engine="transformers", max_tokens=MAX_TOKENS)
     pred_al, truth_al, tol = _within(pred, run.per_prompt, k)
     assert abs(pred_al - truth_al) <= tol, (pred_al, truth_al, tol)
+
+
+@pytest.mark.parametrize("rule, temperature", [("greedy", 0.0), ("probabilistic", 0.8)])
+def test_a_draft_that_is_the_target_is_always_accepted(rule, temperature):
+    """q = p: the greedy and the probabilistic rule accept every draft — exactly, although these
+    top-2 scores disagree with the response at some positions and leave mass unknown."""
+    trajs = [_trajectory([1, 2], list(range(10, 22))), _trajectory([3], list(range(30, 37)))]
+    scores = [_score([10, 11, 99, 13, 14, 15, 16, 17, 18, 19, 20, 21]), _score([30, 31, 32, 99, 34, 35, 36])]
+    walked = acceptance_walk.predict_model_draft(trajs, scores, [1, 3], rule, temperature=temperature, draft_is_target=True)
+    assert walked.exact
+    for k in (1, 3):
+        c = walked.lower.counts(k)
+        assert c.num_accepted_tokens == c.num_draft_tokens == k * c.num_drafts
+    other = acceptance_walk.predict_model_draft(trajs, scores, [3], rule, temperature=temperature)
+    assert other.upper.counts(3).mean_acceptance_length < walked.lower.counts(3).mean_acceptance_length == 4.0
+
+
+def test_greedy_drafting_at_temperature_is_not_forced_to_accept_a_self_draft():
+    trajs = [_trajectory([1], list(range(10, 18)))]
+    scores = [_score(list(range(10, 18)))]
+    forced = acceptance_walk.predict_model_draft(trajs, scores, [2], "greedy-draft", temperature=0.8, draft_is_target=True)
+    plain = acceptance_walk.predict_model_draft(trajs, scores, [2], "greedy-draft", temperature=0.8)
+    assert forced.lower.counts(2) == plain.lower.counts(2)  # p(argmax) < 1: the scores decide

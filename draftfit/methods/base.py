@@ -66,6 +66,7 @@ class AcceptanceInputs:
     ks: list[int]
     rule: str
     max_model_len: int
+    target_fp: str = ""  # the target's fingerprint: a draft that is the target is always accepted
 
 
 @dataclass(frozen=True)

@@ -70,8 +70,9 @@ class DraftModel(DraftMethod):
         from draftfit import acceptance_walk
         from draftfit.refs import fingerprint
 
-        scores = inputs.scores_by_fp[fingerprint(plan.draft_ref)].scores
-        return acceptance_walk.predict_model_draft(inputs.trajset, scores, inputs.ks, inputs.rule)
+        fp = fingerprint(plan.draft_ref)
+        return acceptance_walk.predict_model_draft(inputs.trajset, inputs.scores_by_fp[fp].scores, inputs.ks, inputs.rule,
+                                                   draft_is_target=fp == inputs.target_fp)
 
     def cost(self, plan: PlannedDraft, step_time, *, trust_remote_code: bool = False) -> CostTerms:
         import json
