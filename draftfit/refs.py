@@ -173,10 +173,12 @@ def _package_listing(root: Path) -> str:
 # metadata (tokenizer + config, never weights)
 
 
-def metadata_dir(ref: ModelRef, *, trust_remote_code: bool = False) -> Path:
+def metadata_dir(ref: ModelRef, *, trust_remote_code: bool = False, tokenizer_only: bool = False) -> Path:
     """A directory with the reference's tokenizer and config files, and no weights.
 
     For a local directory that already holds ``tokenizer.json`` this is the directory itself.
+    ``tokenizer_only``: such a directory may lack config.json (`check` compares the tokenizers and
+    says what it cannot tell without the config).
     """
     if ref.kind == "hub":
         return _hub_files(ref, METADATA_FILES)
@@ -184,7 +186,7 @@ def metadata_dir(ref: ModelRef, *, trust_remote_code: bool = False) -> Path:
         return _gguf_converted(ref, weights=False)
     directory = ref.path
     if (directory / "tokenizer.json").is_file():
-        if not (directory / "config.json").is_file():
+        if not tokenizer_only and not (directory / "config.json").is_file():
             raise ModelRefError(
                 "has tokenizer files but no config.json",
                 where=str(directory),

@@ -203,7 +203,7 @@ CASES: dict[str, Case] = {
                                     {"results": b"\x00\xff" * 100}),
     "results missing (report)": Case(["report", "{tmp}/nope/results.json"], ["results.json", "no such file", "Pass the results.json"]),
     # check
-    "check: directory without config": Case(["check", "{noconfig}", "{target}"], ["{noconfig}", "no config.json", "Copy the model's config.json"]),
+    # check compares a directory without config.json (tests/test_cli_check.py), rank refuses it (above)
     "check: binary file as a model": Case(["check", "{blob}", "{target}"], ["{blob}", "is a file but not a model", "Pass the model's directory"],
                                           {"blob": b"\x7fELF\x00\x00" * 10}),
 }

@@ -230,3 +230,35 @@ def test_check_on_128k_tokenizers_imports_no_heavy_engine(big_pair):
     assert report["engines"]["vllm"]["error"].startswith(
         "Target and draft model should have the same vocabulary size. Target model vocab_size=128256."
     )
+
+
+@pytest.fixture(scope="session")
+def tokenizer_only(bpe, tmp_path_factory) -> dict[str, Path]:
+    """Tokenizer-only directories (tokenizer.json + tokenizer_config.json, no config.json): one with
+    the target's tokenizer, one with shifted ids."""
+    root = tmp_path_factory.mktemp("tokenizer-only")
+    dirs = {"same": tf.write_model_dir(root / "same", bpe, vocab_size=640),
+            "shifted": tf.write_model_dir(root / "shifted", tf.shift_ids(bpe, 2))}
+    for path in dirs.values():
+        (path / "config.json").unlink()
+    return dirs
+
+
+@pytest.mark.parametrize("draft, engine, code, verdict", [
+    ("same", "vllm", 2, "unknown"),           # the tokenizers agree; the vocab_size gate cannot be told
+    ("same", "transformers", 2, "unknown"),
+    ("same", "llama.cpp", 0, "compatible"),   # llama.cpp's rule reads the token tables only
+    ("shifted", "vllm", 1, "incompatible"),   # ids that mean different tokens can be told without a config
+])
+def test_tokenizer_only_directories_are_compared_and_say_what_they_cannot_tell(pairs, tokenizer_only, draft, engine, code,
+                                                                                verdict):
+    result = run(pairs["target"], tokenizer_only[draft], "--engine", engine, "--json")
+    assert result.exit_code == code, result.output
+    report = json.loads(result.stdout)
+    assert report["engines"][engine]["verdict"] == verdict
+    assert report["draft"]["has_config"] is False and report["target"]["has_config"] is True
+    assert report["tokenizer"]  # the tokenizers were compared in full
+    if verdict == "unknown":
+        assert "no config.json for the draft" in report["engines"][engine]["reason"]
+        assert report["engines"][engine]["fix"] == "Copy the model's config.json beside its tokenizer files and run check again"
+    assert CheckReport.from_dict(report).engines[engine].verdict == verdict

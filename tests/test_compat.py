@@ -357,6 +357,13 @@ def _paths(value, prefix=""):
 
 # --- files and probe texts ---------------------------------------------------------------------
 
+def test_a_tokenizer_only_directory_loads_without_a_config(bpe, tmp_path):
+    directory = tf.write_model_dir(tmp_path / "m", bpe, vocab_size=640)
+    (directory / "config.json").unlink()
+    files = load_model_files(directory)
+    assert files.has_config is False and files.config == {} and files.config_vocab_size is None
+
+
 @pytest.mark.parametrize(
     "setup, message",
     [
@@ -365,7 +372,6 @@ def _paths(value, prefix=""):
         (lambda d: (d / "tokenizer.json").write_text('{"model": {"type": "Bogus"}}'),
          "tokenizer.json: the tokenizers library cannot load it"),
         (lambda d: (d / "config.json").write_text('{"vocab_size": 6'), "config.json: not valid JSON"),
-        (lambda d: (d / "config.json").unlink(), "no config.json"),
         (lambda d: (d / "tokenizer_config.json").write_text("nope"), "tokenizer_config.json: not valid JSON"),
         (lambda d: ((d / "tokenizer.json").unlink(), (d / "tokenizer.model").write_bytes(b"x")),
          "no tokenizer.json (only tokenizer.model"),

@@ -8,10 +8,18 @@ from pathlib import Path
 import click
 
 from draftfit.cli.options import trust_remote_code
-from draftfit.compat.schema import COMPATIBLE, ENGINES, IDENTICAL, CheckReport, EngineVerdict
+from draftfit.compat.schema import (
+    COMPATIBLE,
+    ENGINES,
+    IDENTICAL,
+    UNKNOWN,
+    CheckReport,
+    EngineVerdict,
+)
 
 EXIT_COMPATIBLE = 0
 EXIT_INCOMPATIBLE = 1
+EXIT_CANNOT_TELL = 2  # as for an input error: the files given cannot decide the chosen engine's verdict
 _LABEL = 18  # width of the row labels
 
 
@@ -48,7 +56,8 @@ def check(target: str, draft: str, engine: str, vllm_version: str | None, probe_
     if cached) or pkg:PACKAGE.
 
     \b
-    Exit code: 0 compatible with --engine (default vllm), 1 incompatible, 2 usage or input error.
+    Exit code: 0 compatible with --engine (default vllm), 1 incompatible, 2 usage or input error,
+    or a verdict the files cannot decide (a tokenizer-only directory: no config.json).
     """
     from draftfit.compat import compare
     from draftfit.probe_corpus import read_probe_file
@@ -62,14 +71,16 @@ def check(target: str, draft: str, engine: str, vllm_version: str | None, probe_
         click.echo(json.dumps(report.to_dict(), indent=2, ensure_ascii=False))
     else:
         click.echo(render(report, engine))
-    click.get_current_context().exit(EXIT_COMPATIBLE if report.compatible_with(engine) else EXIT_INCOMPATIBLE)
+    verdict = report.engines[engine].verdict
+    code = {COMPATIBLE: EXIT_COMPATIBLE, UNKNOWN: EXIT_CANNOT_TELL}.get(verdict, EXIT_INCOMPATIBLE)
+    click.get_current_context().exit(code)
 
 
 def _metadata_dir(spec: str, trust_remote_code: bool) -> Path:
     """The metadata directory of a model reference (tokenizer and config files, no weights)."""
     from draftfit.refs import metadata_dir, resolve
 
-    return metadata_dir(resolve(spec), trust_remote_code=trust_remote_code)
+    return metadata_dir(resolve(spec), trust_remote_code=trust_remote_code, tokenizer_only=True)
 
 
 # --- human-readable output ---------------------------------------------------------------------
@@ -153,8 +164,8 @@ def _engine_head(v: EngineVerdict) -> str:
 
 
 def _engine_lines(v: EngineVerdict, head: str, width: int, *, selected: bool) -> list[str]:
-    colour = "green" if v.compatible else "red"
-    state = click.style(f"{_ok(v.compatible)} {v.verdict:<13}", fg=colour)
+    colour = "green" if v.compatible else "yellow" if v.verdict == UNKNOWN else "red"
+    state = click.style(f"{'?' if v.verdict == UNKNOWN else _ok(v.compatible)} {v.verdict:<13}", fg=colour)
     pointer = "▸" if selected else " "
     out = [f"{pointer} {head:<{width}}{state}{v.reason}"]
     pad = " " * 4

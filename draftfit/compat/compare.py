@@ -137,6 +137,7 @@ def _summary(files: ModelFiles) -> ModelSummary:
         len_tokenizer=tok.get_vocab_size(with_added_tokens=True),
         config_vocab_size=files.config_vocab_size,
         chat_template_source=files.chat_template_source,
+        has_config=files.has_config,
     )
 
 
@@ -531,7 +532,7 @@ def _findings(
             f"{probe.texts - probe.identical} of {probe.texts} probe texts encode to different ids{where}",
         ))
 
-    if not vocab.config_vocab_size_equal and not blocking:
+    if not vocab.config_vocab_size_equal and not blocking and target.has_config and draft.has_config:
         harmless.append(Finding(
             "vocab_size_padding",
             f"config vocab_size {target.config_vocab_size} vs {draft.config_vocab_size} "

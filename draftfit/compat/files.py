@@ -46,6 +46,7 @@ class ModelFiles:
     chat_template: str | None = None
     chat_template_source: str | None = None
     tokenizer_text: str = field(default="", repr=False)
+    has_config: bool = True  # False: a tokenizer-only directory (no config.json)
 
     @property
     def config_vocab_size(self) -> int | None:
@@ -98,13 +99,9 @@ def load_model_files(
             ) from exc
 
     config_path = directory / CONFIG
-    if not config_path.is_file():
-        raise DraftfitError(
-            "no config.json (check reads the model's vocab_size from it)", where=str(directory),
-            fix="Copy the model's config.json into the directory, next to tokenizer.json",
-        )
     config_fix = "Re-download the model's config.json"
-    config = _parse_json_object(config_path, _read_text(config_path, config_fix), config_fix)
+    has_config = config_path.is_file()  # without it the engines' vocab_size gate cannot be told
+    config = _parse_json_object(config_path, _read_text(config_path, config_fix), config_fix) if has_config else {}
 
     tokenizer_config = _optional_json(directory / TOKENIZER_CONFIG, _RESAVE_FIX) or {}
     generation_config = _optional_json(
@@ -114,7 +111,7 @@ def load_model_files(
     return ModelFiles(
         directory=directory, label=label, tokenizer_json=tokenizer_json, tokenizer=tokenizer,
         tokenizer_config=tokenizer_config, config=config, generation_config=generation_config,
-        chat_template=template, chat_template_source=source, tokenizer_text=text,
+        chat_template=template, chat_template_source=source, tokenizer_text=text, has_config=has_config,
     )
 
 

@@ -16,6 +16,7 @@ SCHEMA_VERSION = 1
 IDENTICAL = "identical"
 COMPATIBLE = "compatible"
 INCOMPATIBLE = "incompatible"
+UNKNOWN = "unknown"  # an engine verdict the files cannot decide (e.g. no config.json)
 ENGINES = ("vllm", "transformers", "llama.cpp")
 
 
@@ -55,6 +56,7 @@ class ModelSummary:
     len_tokenizer: int
     config_vocab_size: int | None
     chat_template_source: str | None
+    has_config: bool = True
 
 
 @dataclass

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from draftfit.compat.schema import COMPATIBLE, INCOMPATIBLE, EngineVerdict
+from draftfit.compat.schema import COMPATIBLE, INCOMPATIBLE, UNKNOWN, EngineVerdict
 from draftfit.vllm_versions import V1_NO_DRAFT, installed_vllm_version, parse_version
 
 if TYPE_CHECKING:
@@ -117,6 +117,17 @@ def vllm_verdict(report: CheckReport, vllm_version: str | None = None) -> Engine
     t_rows, d_rows = report.target.config_vocab_size, report.draft.config_vocab_size
     ids_agree = _ids_agree(report)
     hetero_fix = _heterogeneous_fix(report, heterogeneous)
+    missing = _missing_config(report)
+    if missing and ids_agree:
+        return EngineVerdict(
+            engine="vllm", version=version, version_source=source, verdict=UNKNOWN, mode="draft_model",
+            reason=f"no config.json for {missing}: {named} refuses a draft whose config vocab_size differs from "
+                   "the target's, which cannot be told without it (the tokenizers agree)",
+            fix=CONFIG_FIX)
+    if missing:
+        return verdict(False, f"the ids mean different tokens: {report.blocking[0].message}; drafts would almost never "
+                              f"be accepted (and without config.json for {missing} vLLM's vocab_size gate cannot be told)",
+                       fix=hetero_fix or "Choose a draft that shares the target's tokenizer")
     if t_rows == d_rows:
         if ids_agree:
             return verdict(True, f"vocab_size {t_rows} on both and every target id means the same token")
@@ -139,6 +150,16 @@ def vllm_verdict(report: CheckReport, vllm_version: str | None = None) -> Engine
     same = "the tokenizers agree; only the embedding rows differ" if ids_agree else report.blocking[0].message
     return verdict(False, f"vocab_size {t_rows} ≠ {d_rows}: {named} refuses the pair ({same})",
                    error=error, fix=fix)
+
+
+CONFIG_FIX = "Copy the model's config.json beside its tokenizer files and run check again"
+
+
+def _missing_config(report: CheckReport) -> str | None:
+    """Which side lacks config.json ("the draft (LABEL)", both), or None."""
+    sides = [f"the {side} ({summary.label})" for side, summary in (("target", report.target), ("draft", report.draft))
+             if not summary.has_config]
+    return " and ".join(sides) or None
 
 
 def _vllm_size(rows: int | None) -> int:
@@ -171,6 +192,15 @@ def transformers_verdict(report: CheckReport) -> EngineVerdict:
         version, source = None, "assumed"
     t_rows, d_rows = report.target.config_vocab_size, report.draft.config_vocab_size
     base = dict(engine="transformers", version=version, version_source=source)
+    missing = _missing_config(report)
+    if missing:
+        agree = _ids_agree(report)
+        return EngineVerdict(
+            **base, verdict=UNKNOWN if agree else INCOMPATIBLE, mode="assisted",
+            reason=(f"no config.json for {missing}: transformers picks plain or universal assisted generation by "
+                    "config vocab_size, which cannot be told without it")
+                   + ("" if agree else f"; the ids mean different tokens: {report.blocking[0].message}"),
+            fix=CONFIG_FIX)
     if t_rows == d_rows:
         if _ids_agree(report):
             return EngineVerdict(
