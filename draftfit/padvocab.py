@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from draftfit.errors import DraftfitError
-from draftfit.refs import COMPANION_FILES, ModelRef, model_dir
+from draftfit.refs import COMPANION_FILES, ModelRef, metadata_dir, model_dir
 
 
 @dataclass(frozen=True)
@@ -53,31 +53,34 @@ def tokenizer_length(directory: Path) -> int:
 
 
 def pad_vocab(ref: ModelRef, to: int, output: Path, *, trust_remote_code: bool = False, force: bool = False) -> PadResult:
-    source = model_dir(ref, trust_remote_code=trust_remote_code)
-    config = json.loads((source / "config.json").read_text())
+    # the sizes are checked on the tokenizer and config files, before any weights are converted,
+    # and errors name the reference the user gave
+    meta = metadata_dir(ref, trust_remote_code=trust_remote_code)
+    config = json.loads((meta / "config.json").read_text())
     old = int(config.get("vocab_size") or config.get("text_config", {}).get("vocab_size", 0))
-    length = tokenizer_length(source)
+    length = tokenizer_length(meta)
     if to < length:
         raise DraftfitError(
             f"--to {to} is below the tokenizer's length {length}: ids the tokenizer produces would lose their rows",
-            where=str(source),
+            where=ref.spec,
             fix=f"Use --to {length} or more (usually the target's config.json vocab_size)",
         )
     if to < old:
         raise DraftfitError(
             f"--to {to} is below the draft's vocab_size {old}; pad-vocab only adds rows",
-            where=str(source),
+            where=ref.spec,
             fix=f"Use --to {old} or more",
         )
     if to == old:
         raise DraftfitError(
-            f"the draft already has vocab_size {old}", where=str(source), fix="Nothing to pad; use the draft as it is"
+            f"the draft already has vocab_size {old}", where=ref.spec, fix="Nothing to pad; use the draft as it is"
         )
     output = Path(output)
     if output.exists() and any(output.iterdir()):
         if not force:
             raise DraftfitError("output directory exists and is not empty", where=str(output), fix="Pick a new -o DIR or pass --force")
         shutil.rmtree(output)
+    source = model_dir(ref, trust_remote_code=trust_remote_code)  # the weights, converted once where needed
 
     try:
         import torch

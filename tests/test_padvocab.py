@@ -71,6 +71,18 @@ def test_pad_vocab_refuses(smollm2_model, tmp_path, to, words):
     for word in words:
         assert word in result.output
     assert "Traceback" not in result.output
+    assert result.output.startswith("Error: smollm2: ")  # the reference typed, not the cache path
+
+
+def test_pad_vocab_checks_the_sizes_before_converting_weights(smollm2_meta, tmp_path, monkeypatch):
+    from draftfit import padvocab
+
+    def no_weights(*args, **kwargs):
+        raise AssertionError("weights were converted before the sizes were checked")
+
+    monkeypatch.setattr(padvocab, "model_dir", no_weights)
+    result = CliRunner().invoke(cli, ["pad-vocab", "smollm2", "--to", "100", "-o", str(tmp_path / "x")])
+    assert result.exit_code == 2 and "Error: smollm2: --to 100 is below the tokenizer's length 49152" in result.output
 
 
 def test_pad_vocab_requires_to(tmp_path):
