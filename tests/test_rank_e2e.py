@@ -137,3 +137,27 @@ def test_decode_steps_count_steps_without_drafts():
     per_step, fraction = decode_steps(walked, [12, 6])
     assert per_step[0] == pytest.approx((11 + 5) / (6 + 2))
     assert fraction[0] == pytest.approx(5 / 8)
+
+
+@pytest.mark.slow
+@pytest.mark.engine
+def test_the_terminal_shows_draftfits_progress_and_the_engines_go_to_the_run_log(tmp_path):
+    """A real `draftfit rank` process: vLLM's and torch's output (warnings, loading bars, C++
+    notices) lands in reports/<run>/engines.log, the terminal keeps draftfit's own lines."""
+    import os
+    import subprocess
+    import sys
+
+    candidate = Path(__file__).resolve().parents[1] / "candidates" / "ngram-5.yaml"
+    args = [sys.executable, "-m", "draftfit", "rank", str(candidate), "--sample-size", "2", "--max-tokens", "8",
+            "--max-model-len", "512", "--concurrency", "1", "--latency-source", "roofline", "--gpu", "H100 SXM",
+            "--reports-dir", str(tmp_path), "--run-id", "quiet"]
+    done = subprocess.run(args, capture_output=True, text=True, timeout=900, env=dict(os.environ))
+    assert done.returncode == 0, done.stderr[-2000:]
+    log = (tmp_path / "quiet" / "engines.log").read_text()
+    assert "Loading safetensors checkpoint shards" in log or "vllm" in log.lower()
+    noise = [line for line in done.stderr.splitlines()
+             if any(word in line for word in ("Warning", "Loading safetensors", "it/s]", "INFO", "WARNING"))]
+    assert noise == [], noise
+    assert "target trajectories" in done.stderr and "Recommendation (predicted)" in done.stdout
+    assert f"engine and library output: {tmp_path / 'quiet' / 'engines.log'}" in done.stdout

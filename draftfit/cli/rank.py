@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import time
-from contextlib import contextmanager
 from pathlib import Path
 
 import click
@@ -57,19 +55,27 @@ def rank(candidate_files, study_file, reports_dir, run_id, gpu_catalog, profile_
     study = build_study(study_file=study_file, from_candidates=from_files, overrides=overrides)
     # every input error surfaces here, before a model loads or anything is written
     check_inputs(candidates, study, gpu_catalog=gpu_catalog, trust_remote_code=trust_remote_code)
-    from rich.text import Text
+    from draftfit.cli.console import (
+        console_on,
+        draftfit_logs_to,
+        engine_output_to,
+        has_output,
+        is_debug,
+        progress_printer,
+    )
+    from draftfit.results import new_run_id
 
-    console = _console()
-    with console.status("starting") as status, _log_to(console):
-        def progress(message: str) -> None:
-            status.update(message)
-            console.print(Text.assemble((time.strftime("%H:%M:%S"), "dim"), " ", message), highlight=False)
-
-        run = RankRun(candidates, study, reports_root=reports_dir, run_id=run_id, argv=click.get_current_context().meta.get("draftfit.argv"),
-                      gpu_catalog=str(gpu_catalog) if gpu_catalog else None, progress=progress,
-                      profile_plan=dict(PROFILE_PLANS[profile_plan]), show_prompts=show_prompts,
-                      trust_remote_code=trust_remote_code)
-        results, out_dir = run.run()
+    run_id = run_id or new_run_id()
+    log_path = reports_dir / run_id / "engines.log"
+    with engine_output_to(log_path, debug=is_debug()) as stream:
+        console = console_on(stream)
+        with console.status("starting") as status, draftfit_logs_to(console):
+            run = RankRun(candidates, study, reports_root=reports_dir, run_id=run_id,
+                          argv=click.get_current_context().meta.get("draftfit.argv"),
+                          gpu_catalog=str(gpu_catalog) if gpu_catalog else None, progress=progress_printer(console, status),
+                          profile_plan=dict(PROFILE_PLANS[profile_plan]), show_prompts=show_prompts,
+                          trust_remote_code=trust_remote_code)
+            results, out_dir = run.run()
     for skipped in results.skipped:
         click.echo(f"skipped {skipped['candidate']}: {skipped['reason']}")
     for failed in results.failed:
@@ -92,32 +98,5 @@ def rank(candidate_files, study_file, reports_dir, run_id, gpu_catalog, profile_
     if deploy:
         click.echo(f"Deploy: {deploy.get('shell')}")
     click.echo(f"\nwrote {out_dir / 'report.html'} (review it before choosing), {out_dir / 'results.json'} and {out_dir / 'results.csv'}")
-
-
-def _console():
-    from rich.console import Console
-
-    return Console(stderr=True)
-
-
-@contextmanager
-def _log_to(console):
-    """Show draftfit's log records (INFO and up: prompts loaded and sampled, rows dropped) on the
-    console while the command runs."""
-    import logging
-
-    class ConsoleHandler(logging.Handler):
-        def emit(self, record: logging.LogRecord) -> None:
-            console.print(f"{time.strftime('%H:%M:%S')} {self.format(record)}", style="dim", highlight=False, markup=False)
-
-    logger = logging.getLogger("draftfit")
-    handler = ConsoleHandler(logging.INFO)
-    previous = logger.level
-    logger.addHandler(handler)
-    if logger.getEffectiveLevel() > logging.INFO:
-        logger.setLevel(logging.INFO)
-    try:
-        yield
-    finally:
-        logger.removeHandler(handler)
-        logger.setLevel(previous)
+    if has_output(log_path):
+        click.echo(f"engine and library output: {log_path}")

@@ -56,13 +56,19 @@ def verify(ctx, results_file, top, configs, candidate_files, ks, concurrency, re
       draftfit verify reports/RUN/results.json --config ngram-2-4:3
       draftfit verify reports/RUN/results.json --candidate candidates/eagle.yaml --k 3
     """
+    from draftfit.cli.console import (
+        console_on,
+        draftfit_logs_to,
+        engine_output_to,
+        has_output,
+        is_debug,
+        progress_printer,
+    )
     from draftfit.cli.tables import describe_plan, format_summary
     from draftfit.verify.comparison import verify_summary
     from draftfit.verify.run import VerifyRun
 
-    root = ctx.find_root()
-    debug = bool((root.obj or {}).get("debug"))
-    console = _console()
+    debug = is_debug()
     run = VerifyRun(results_file, top=top, configs=configs, candidate_files=candidate_files, ks=ks,
                     concurrency=concurrency, requests=requests, timeout_s=timeout_s,
                     gpu_memory_utilization=gpu_memory_utilization, dtype=dtype, argv=ctx.meta.get("draftfit.argv"), debug=debug,
@@ -71,13 +77,12 @@ def verify(ctx, results_file, top, configs, candidate_files, ks, concurrency, re
         _, _, _, _, planned, levels = run.plan()
         click.echo(describe_plan(planned, levels, requests))
         return
-    with console.status("starting") as status:
-        def progress(message: str) -> None:
-            status.update(message)
-            console.log(message)
-
-        run.progress = progress
-        results, new = run.run()
+    log_path = Path(results_file).parent / "verify-engines.log"
+    with engine_output_to(log_path, debug=debug) as stream:
+        console = console_on(stream)
+        with console.status("starting") as status, draftfit_logs_to(console):
+            run.progress = progress_printer(console, status)
+            results, new = run.run()
     click.echo("")
     click.echo("Predicted vs measured (err = (predicted − measured) / measured; × = speedup vs. the measured baseline; "
                "ITL = time per output token)")
@@ -98,9 +103,5 @@ def verify(ctx, results_file, top, configs, candidate_files, ks, concurrency, re
     click.echo(f"\nwrote measured values into {results_file} and {results_file.with_suffix('.csv')}")
     if run.report_path is not None:
         click.echo(f"report: {run.report_path}")
-
-
-def _console():
-    from rich.console import Console
-
-    return Console(stderr=True)
+    if has_output(log_path):
+        click.echo(f"engine and library output: {log_path}")
