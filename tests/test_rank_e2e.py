@@ -152,7 +152,9 @@ def test_the_terminal_shows_draftfits_progress_and_the_engines_go_to_the_run_log
     args = [sys.executable, "-m", "draftfit", "rank", str(candidate), "--sample-size", "2", "--max-tokens", "8",
             "--max-model-len", "512", "--concurrency", "1", "--latency-source", "roofline", "--gpu", "H100 SXM",
             "--reports-dir", str(tmp_path), "--run-id", "quiet"]
-    done = subprocess.run(args, capture_output=True, text=True, timeout=900, env=dict(os.environ))
+    # a cache of its own, so the target's engine really starts (and writes) whatever ran before
+    done = subprocess.run(args, capture_output=True, text=True, timeout=900,
+                          env={**os.environ, "DRAFTFIT_CACHE": str(tmp_path / "cache")})
     assert done.returncode == 0, done.stderr[-2000:]
     log = (tmp_path / "quiet" / "engines.log").read_text()
     assert "Loading safetensors checkpoint shards" in log or "vllm" in log.lower()

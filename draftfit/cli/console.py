@@ -110,6 +110,16 @@ def draftfit_logs_to(console) -> Iterator[None]:
         logger.setLevel(previous)
 
 
+@contextmanager
+def long_run(log_path: Path) -> Iterator[Callable[[str], None]]:
+    """The terminal of a long command: engine output to ``log_path`` (unless ``--debug``), a spinner,
+    draftfit's log records, and the ``progress(message)`` function to report with."""
+    with engine_output_to(log_path, debug=is_debug()) as stream:
+        console = console_on(stream)
+        with console.status("starting") as status, draftfit_logs_to(console):
+            yield progress_printer(console, status)
+
+
 def has_output(log_path: Path) -> bool:
     return log_path.is_file() and log_path.stat().st_size > 0
 

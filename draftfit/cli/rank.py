@@ -55,27 +55,18 @@ def rank(candidate_files, study_file, reports_dir, run_id, gpu_catalog, profile_
     study = build_study(study_file=study_file, from_candidates=from_files, overrides=overrides)
     # every input error surfaces here, before a model loads or anything is written
     check_inputs(candidates, study, gpu_catalog=gpu_catalog, trust_remote_code=trust_remote_code)
-    from draftfit.cli.console import (
-        console_on,
-        draftfit_logs_to,
-        engine_output_to,
-        has_output,
-        is_debug,
-        progress_printer,
-    )
+    from draftfit.cli.console import has_output, long_run
     from draftfit.results import new_run_id
 
     run_id = run_id or new_run_id()
     log_path = reports_dir / run_id / "engines.log"
-    with engine_output_to(log_path, debug=is_debug()) as stream:
-        console = console_on(stream)
-        with console.status("starting") as status, draftfit_logs_to(console):
-            run = RankRun(candidates, study, reports_root=reports_dir, run_id=run_id,
-                          argv=click.get_current_context().meta.get("draftfit.argv"),
-                          gpu_catalog=str(gpu_catalog) if gpu_catalog else None, progress=progress_printer(console, status),
-                          profile_plan=dict(PROFILE_PLANS[profile_plan]), show_prompts=show_prompts,
-                          trust_remote_code=trust_remote_code)
-            results, out_dir = run.run()
+    with long_run(log_path) as progress:
+        run = RankRun(candidates, study, reports_root=reports_dir, run_id=run_id,
+                      argv=click.get_current_context().meta.get("draftfit.argv"),
+                      gpu_catalog=str(gpu_catalog) if gpu_catalog else None, progress=progress,
+                      profile_plan=dict(PROFILE_PLANS[profile_plan]), show_prompts=show_prompts,
+                      trust_remote_code=trust_remote_code)
+        results, out_dir = run.run()
     for skipped in results.skipped:
         click.echo(f"skipped {skipped['candidate']}: {skipped['reason']}")
     for failed in results.failed:

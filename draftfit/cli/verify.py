@@ -56,14 +56,7 @@ def verify(ctx, results_file, top, configs, candidate_files, ks, concurrency, re
       draftfit verify reports/RUN/results.json --config ngram-2-4:3
       draftfit verify reports/RUN/results.json --candidate candidates/eagle.yaml --k 3
     """
-    from draftfit.cli.console import (
-        console_on,
-        draftfit_logs_to,
-        engine_output_to,
-        has_output,
-        is_debug,
-        progress_printer,
-    )
+    from draftfit.cli.console import has_output, is_debug, long_run
     from draftfit.cli.tables import describe_plan, format_summary
     from draftfit.verify.comparison import verify_summary
     from draftfit.verify.run import VerifyRun
@@ -78,11 +71,9 @@ def verify(ctx, results_file, top, configs, candidate_files, ks, concurrency, re
         click.echo(describe_plan(planned, levels, requests))
         return
     log_path = Path(results_file).parent / "verify-engines.log"
-    with engine_output_to(log_path, debug=debug) as stream:
-        console = console_on(stream)
-        with console.status("starting") as status, draftfit_logs_to(console):
-            run.progress = progress_printer(console, status)
-            results, new = run.run()
+    with long_run(log_path) as progress:
+        run.progress = progress
+        results, new = run.run()
     click.echo("")
     click.echo("Predicted vs measured (err = (predicted − measured) / measured; × = speedup vs. the measured baseline; "
                "ITL = time per output token)")
