@@ -30,7 +30,7 @@ from draftfit.faults import engine_failure, fault_point
 from draftfit.methods import AcceptanceInputs, PlanContext, PlannedDraft, get_method
 from draftfit.metrics import decode_steps
 from draftfit.paths import cache_subdir
-from draftfit.refs import ModelRef, fingerprint, metadata_dir, model_dir, resolve
+from draftfit.refs import ModelRef, deploy_name, fingerprint, metadata_dir, resolve
 
 log = logging.getLogger(__name__)
 Progress = Callable[[str], None]
@@ -477,13 +477,17 @@ class RankRun:
         if rec.candidate is not None and study.temperature > 0:
             extra["draft_sample_method"] = study.draft_sample_method
         spec = rec.spec_config(**extra) if rec.candidate is not None else None
-        target_name = target_ref.spec if target_ref.kind == "hub" else str(model_dir(target_ref, trust_remote_code=self.trust_remote_code))
+        # the names the user deploys (a hub id, their directory, an exported copy), not this machine's cache
+        target_name, target_prepare = deploy_name(target_ref)
+        draft_prepare = by_name[rec.candidate].prepare if rec.candidate is not None else None
         common = {"tensor_parallel_size": study.tensor_parallel_size, "gpu_memory_utilization": study.deploy_memory_utilization,
                   "max_model_len": study.max_model_len, "vllm_version": study.vllm_version,
                   "device": "gpu" if study.gpu else "cpu"}
         chosen = vllm_command(target_name, spec, **common)
         baseline = vllm_command(target_name, None, **common)
-        return {"kind": "predicted", "recommended": chosen.to_dict(), "baseline": baseline.to_dict()}
+        prepare = [command for command in (target_prepare, draft_prepare) if command]
+        return {"kind": "predicted", "recommended": chosen.to_dict() | {"prepare": prepare},
+                "baseline": baseline.to_dict() | {"prepare": [target_prepare] if target_prepare else []}}
 
 
 

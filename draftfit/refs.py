@@ -31,6 +31,7 @@ import importlib.util
 import json
 import os
 import re
+import shlex
 import shutil
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -99,7 +100,10 @@ class ModelRef:
         return Path(self.location)
 
     def to_dict(self) -> dict:
-        return {"spec": self.spec, "kind": self.kind, "location": self.location, "name": self.name}
+        """As results record it: the reference as the user gave it (resolved again where it is
+        used), where it pointed then, and a fingerprint of its files that any machine can compare."""
+        return {"spec": self.spec, "kind": self.kind, "location": self.location, "name": self.name,
+                "fingerprint": portable_fingerprint(self)}
 
 
 def resolve(spec: str) -> ModelRef:
@@ -257,6 +261,32 @@ def fingerprint(ref: ModelRef) -> str:
             stat = file.stat()
             digest.update(f"{file.name}:{stat.st_size}:{stat.st_mtime_ns}".encode())
     return digest.hexdigest()[:16]
+
+
+def portable_fingerprint(ref: ModelRef) -> str:
+    """A key of the model's files that is the same on every machine holding them: file names and
+    sizes, and the contents of the small metadata files (no mtimes, no paths)."""
+    digest = hashlib.sha256(ref.kind.encode())
+    if ref.kind == "hub":
+        digest.update(ref.location.encode())
+        return digest.hexdigest()[:16]
+    path = ref.path
+    files = [path] if path.is_file() else sorted(p for p in path.iterdir() if p.is_file())
+    for file in files:
+        digest.update(f"{file.name}:{file.stat().st_size}".encode())
+        if file.name in ("config.json", "tokenizer.json", "tokenizer_config.json"):
+            digest.update(file.read_bytes())
+    return digest.hexdigest()[:16]
+
+
+def deploy_name(ref: ModelRef) -> tuple[str, str | None]:
+    """What a `vllm serve` command should name for this reference, and the command that makes it
+    exist first (None when it already does): a hub id or a local directory as the user gave it;
+    a GGUF file or a bundled model is exported to a directory of its name."""
+    if ref.kind in ("hub", "dir"):
+        return ref.spec, None
+    directory = f"./{ref.name}"
+    return directory, f"draftfit export {shlex.quote(ref.spec)} -o {shlex.quote(directory)}"
 
 
 def _cache_key(path: Path) -> str:

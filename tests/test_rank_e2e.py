@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from pathlib import Path
 
@@ -49,6 +50,23 @@ def test_rank_writes_results_and_prints_the_ranking(measured_run):
     assert all(c["kind"] == "predicted" for c in data["configs"])
     assert data["provenance"]["command_line"].startswith("draftfit rank")
     assert data["deploy"]["recommended"]["shell"].startswith("vllm serve")
+
+
+@pytest.mark.slow
+@pytest.mark.engine
+def test_results_name_models_as_the_user_deploys_them(measured_run):
+    """No cache path of this machine in the deploy command or the configurations: the target as
+    exported from `smollm2`, derived drafts as exported from it, each with the export command."""
+    _, data, _ = measured_run
+    target = data["targets"][0]["target"]
+    assert target["spec"] == "smollm2" and len(target["fingerprint"]) == 16
+    recommended = data["deploy"]["recommended"]
+    assert recommended["shell"].startswith("vllm serve ./SmolLM2-135M-Instruct ")
+    assert recommended["prepare"][0] == "draftfit export smollm2 -o ./SmolLM2-135M-Instruct"
+    derived = {c["draft"] for c in data["configs"] if c["candidate"] == "early-exit-4"}
+    assert derived == {"./SmolLM2-135M-Instruct-first4"}
+    cache = os.environ["DRAFTFIT_CACHE"]
+    assert cache not in recommended["shell"] and all(cache not in (c["draft"] or "") for c in data["configs"])
 
 
 @pytest.mark.slow

@@ -116,3 +116,49 @@ def test_embedded_metadata_has_no_weights_and_is_cached(smollm2_ref, tmp_path, m
 def test_embedded_model_dir_has_weights(smollm2_ref, smollm2_model):
     assert (smollm2_model / "model.safetensors").is_file()
     assert fingerprint(smollm2_ref) == fingerprint(resolve("smollm2"))
+
+
+def test_the_portable_fingerprint_ignores_mtimes_and_paths_but_not_contents(tmp_path):
+    import os
+    import shutil
+
+    from draftfit.refs import portable_fingerprint, resolve
+
+    a = tmp_path / "a"
+    a.mkdir()
+    (a / "config.json").write_text('{"vocab_size": 10}')
+    (a / "model.safetensors").write_bytes(b"x" * 100)
+    first = portable_fingerprint(resolve(str(a)))
+    os.utime(a / "model.safetensors", (1, 1))
+    b = tmp_path / "elsewhere" / "a"
+    shutil.copytree(a, b)
+    assert portable_fingerprint(resolve(str(a))) == first == portable_fingerprint(resolve(str(b)))
+    (b / "config.json").write_text('{"vocab_size": 11}')
+    assert portable_fingerprint(resolve(str(b))) != first
+
+
+def test_deploy_names_are_what_the_user_deploys(tmp_path):
+    from draftfit.refs import ModelRef, deploy_name
+
+    (tmp_path / "m").mkdir()
+    assert deploy_name(ModelRef("org/model", "hub", "org/model")) == ("org/model", None)
+    assert deploy_name(ModelRef("models/m", "dir", str(tmp_path / "m"))) == ("models/m", None)
+    assert deploy_name(ModelRef("smollm2", "gguf", "/x/SmolLM2-135M-Instruct.Q4_1.gguf")) == (
+        "./SmolLM2-135M-Instruct", "draftfit export smollm2 -o ./SmolLM2-135M-Instruct")
+
+
+@pytest.mark.slow
+def test_export_writes_the_directory_vllm_loads(smollm2_model, tmp_path):
+    import json
+
+    from click.testing import CliRunner
+
+    from draftfit.cli import cli
+
+    result = CliRunner().invoke(cli, ["export", "smollm2", "--first-layers", "3", "-o", str(tmp_path / "d")])
+    assert result.exit_code == 0, result.output
+    config = json.loads((tmp_path / "d" / "config.json").read_text())
+    assert config["num_hidden_layers"] == 3 and (tmp_path / "d" / "tokenizer.json").is_file()
+    assert list((tmp_path / "d").glob("*.safetensors")) and not (tmp_path / "d" / "draftfit-manifest.json").exists()
+    again = CliRunner().invoke(cli, ["export", "smollm2", "-o", str(tmp_path / "d")])
+    assert again.exit_code == 2 and "not empty" in again.output and "--force" in again.output

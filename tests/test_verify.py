@@ -647,3 +647,13 @@ def test_the_prediction_covers_the_prompts_verify_sent():
     assert first["speedup_predicted"] == pytest.approx(1.2 * scale) and first["speedup_predicted_all_prompts"] == 1.2
     assert first["tok_s_aggregate_predicted"] == pytest.approx(100.0 * scale)
     assert predicted_level(results, None, None, 4, prompts_sent=1) == {"itl_ms_predicted": 36.0, "latency_source": None}
+
+
+@pytest.mark.slow
+def test_the_committed_example_verifies_anywhere_in_a_dry_run(smollm2_model):
+    """The example was ranked on another machine: its target is found again by the reference the
+    user gave (`smollm2`), not by that machine's paths."""
+    example = REPO / "reports" / "example" / "results.json"
+    result = CliRunner().invoke(cli, ["verify", str(example), "--dry-run"])
+    assert result.exit_code == 0, result.output
+    assert "baseline: no speculation" in result.output and "ngram-2-4 k=2" in result.output

@@ -20,6 +20,7 @@ from draftfit.errors import DraftfitError
 # command name -> (module under draftfit.cli, attribute, short help shown by `draftfit --help`)
 COMMANDS: dict[str, tuple[str, str, str]] = {
     "check": ("check", "check", "Compare tokenizers and configs of TARGET and DRAFT; verdict per engine."),
+    "export": ("export", "export", "Write a model (or its first N layers) as the directory `vllm serve` loads."),
     "pad-vocab": ("pad_vocab", "pad_vocab", "Copy a draft with its vocabulary padded to N rows."),
     "predict": ("predict", "predict", "What-if without a model: speedup, ITL and KV capacity on another GPU, TP, k, concurrency."),
     "rank": ("rank", "rank", "Rank (draft, k) candidates for your prompts, GPU and concurrency."),

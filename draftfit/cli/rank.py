@@ -87,6 +87,8 @@ def rank(candidate_files, study_file, reports_dir, run_id, gpu_catalog, profile_
         click.echo(f"Recommendation (predicted): no speculation — {rec.get('reason', 'nothing ranked')}")
     deploy = (results.deploy or {}).get("recommended")
     if deploy:
+        for command in deploy.get("prepare") or []:
+            click.echo(f"Prepare: {command}")
         click.echo(f"Deploy: {deploy.get('shell')}")
     click.echo(f"\nwrote {out_dir / 'report.html'} (review it before choosing), {out_dir / 'results.json'} and {out_dir / 'results.csv'}")
     if has_output(log_path):

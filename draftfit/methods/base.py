@@ -40,7 +40,8 @@ class PlannedDraft:
     candidate: Candidate
     method: str
     draft_ref: ModelRef | None = None  # a draft model to load and score (after deriving)
-    deploy_model: str | None = None  # what the vLLM config names
+    deploy_model: str | None = None  # what the vLLM config names (as the user will deploy it)
+    prepare: str | None = None  # the command that makes deploy_model exist (e.g. exports a derived draft)
     check: dict | None = None
     skip_reason: str | None = None
     failure: dict | None = None  # its engine failed (results.failed)

@@ -46,9 +46,14 @@ class DraftModel(DraftMethod):
             from draftfit.derive import first_layers
 
             ctx.progress(f"deriving {candidate.name}: the target's first {draft.derived.first_layers} layers")
-            derived = first_layers(ctx.target_ref, draft.derived.first_layers)
+            import shlex
+
+            n = draft.derived.first_layers
+            derived = first_layers(ctx.target_ref, n)
             plan.draft_ref = derived.ref
-            plan.deploy_model = str(derived.path)
+            plan.deploy_model = f"./{ctx.target_ref.name}-first{n}"
+            plan.prepare = (f"draftfit export {shlex.quote(ctx.target_ref.spec)} --first-layers {n} "
+                            f"-o {shlex.quote(plan.deploy_model)}")
             plan.check = {"verdict": "identical", "summary": "derived from the target: the target's own tokenizer and vocabulary"}
             return plan
         from draftfit.compat import compare

@@ -176,7 +176,7 @@ def _recommendation(results: Results) -> dict[str, Any]:
         "deploy_shell": recommended.get("shell"), "deployable": recommended.get("deployable", True),
         "deploy_problem": recommended.get("problem"), "deploy_notes": recommended.get("notes") or [],
         "deploy_version": recommended.get("vllm_version"),
-        "baseline_shell": baseline.get("shell"),
+        "baseline_shell": baseline.get("shell"), "deploy_prepare": recommended.get("prepare") or [],
         "measured": measured,
         "measured_better": explore.measured_better(results),
     }

@@ -366,6 +366,12 @@ class VerifyRun:
         rule = select_rule(study.temperature, study.draft_sample_method)
         notes = []
         ranked_with = ((results.targets[0].get("trajectories") or {}).get("engine") or {}).get("version") if results.targets else None
+        from draftfit.refs import portable_fingerprint
+
+        recorded = ((results.targets[0].get("target") or {}) if results.targets else {}).get("fingerprint")
+        if recorded and recorded != portable_fingerprint(target_ref):
+            notes.append(f"verify: the target {target_ref.spec} resolves here to other files than rank used "
+                         f"(fingerprint {portable_fingerprint(target_ref)} ≠ {recorded}): the predictions may not apply")
         installed = _vllm_version()
         if ranked_with and installed and ranked_with != installed:
             notes.append(f"verify: vLLM {installed} measured predictions made with vLLM {ranked_with}")

@@ -48,7 +48,14 @@ def _target_ref(results: results_mod.Results):
     if not results.targets:
         raise DraftfitError("the results name no target", fix="Pass a results.json written by `draftfit rank`")
     target = results.targets[0]["target"]
-    return resolve(target["location"] if target.get("kind") != "hub" else target["spec"])
+    # the reference as the user gave it (`smollm2`, a hub id, a relative path), resolved here; the
+    # path it pointed to on the machine that ranked only when that fails
+    try:
+        return resolve(target["spec"])
+    except DraftfitError:
+        if target.get("kind") == "hub" or not Path(target.get("location", "")).exists():
+            raise
+        return resolve(target["location"])
 
 
 def _candidates(results: results_mod.Results) -> dict[str, Candidate]:
