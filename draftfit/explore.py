@@ -293,6 +293,7 @@ def measured_vs_predicted(results: Results) -> list[dict[str, Any]]:
             "engine_fault": entry.get("engine_fault"),
             "engine_failed": bool(entry.get("engine_failed")),
             "error": entry.get("error"),
+            "machine_load_measured": entry.get("machine_load_measured"),
             "kind": "measured",
         }
         for measure in LATENCY_MEASURES:

@@ -8,6 +8,7 @@ import copy
 import json
 import re
 import xml.etree.ElementTree as ET
+from html import unescape
 from html.parser import HTMLParser
 from pathlib import Path
 
@@ -294,7 +295,8 @@ def test_recommendation_names_draft_k_schedule_gain_vram_and_command(example, ex
         assert f'<td class="n">{entry["concurrency"]}</td>' in section
     assert "ITL gain" in section and "extra VRAM per GPU" in section
     shell = example.deploy["recommended"]["shell"]
-    assert shell.replace("'", "&#39;").replace('"', "&#34;") in section
+    text = unescape(re.sub(r"<[^>]+>", "", section))
+    assert shell in text  # the deploy command, whole, as the page shows it
 
 
 def test_no_recommendation_says_serve_without_speculation(example):
@@ -517,3 +519,22 @@ def test_the_recommendation_says_when_verify_measured_a_faster_configuration(exa
     assert measured_better(example.model_copy(update={"measured": faster})) is None
     unverified = [e for e in example.measured if (e.get("candidate"), e.get("k")) != ("ngram-2-4", 2)]
     assert "the recommended ngram-2-4 k=2 was not verified" in measured_better(example.model_copy(update={"measured": unverified}))
+
+
+def test_deploy_commands_keep_their_text_and_mark_their_options(example):
+    from draftfit.report.render import fmt_command
+
+    shell = example.deploy["recommended"]["shell"]
+    rendered = str(fmt_command(shell))
+    assert unescape(re.sub(r"<[^>]+>", "", rendered)) == shell  # copied from the page, it is the command
+    assert '<span class="flag">--speculative-config</span>' in rendered
+    assert f"<pre><code>{rendered}</code></pre>" in render_html(example)
+
+
+def test_machine_load_stands_beside_the_measured_numbers(example):
+    html = render_html(example)
+    section = html[html.index('<section id="measured">'):]
+    section = section[:section.index("</section>")]
+    load = example.measured[0]["machine_load_measured"]
+    assert "machine load</th>" in section
+    assert f"{load['load_avg_1m_before']:.2f} → {load['load_avg_1m_after']:.2f} / {load['cpus']}" in section

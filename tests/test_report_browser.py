@@ -188,6 +188,9 @@ def test_layout_fits_the_window_and_screenshot(page, report_file, name):
         e.getBoundingClientRect().right > {width} + 1).map(e => e.tagName + '.' + e.className)""")
     assert too_wide == []
     assert page.evaluate(OVERLAPS) == []
+    # command options are never broken inside (`-` / `-speculative-config`)
+    flags = page.evaluate("Array.from(document.querySelectorAll('pre .flag')).map(e => [e.textContent, e.getClientRects().length])")
+    assert flags and all(lines == 1 for _, lines in flags), flags
     figure_width = page.evaluate("document.querySelector('figure img').getBoundingClientRect().width")
     assert 300 <= figure_width <= 720
     shot = page.send("Page.captureScreenshot", {"format": "png", "captureBeyondViewport": True,

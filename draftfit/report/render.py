@@ -119,9 +119,24 @@ def heat(value: Any, low: float, high: float) -> str:
     return f"background-color: hsl(212, 70%, {96 - 30 * t:.0f}%)"
 
 
+def fmt_command(command: str | list[str] | None):
+    """A shell command as HTML whose options a browser never breaks (a hyphen is a line-break
+    opportunity: `--speculative-config` broke as `-` / `-speculative-config`); other words wrap."""
+    import shlex
+
+    from markupsafe import Markup
+
+    if not command:
+        return ""
+    words = shlex.split(command) if isinstance(command, str) else list(command)
+    return Markup(" ").join(
+        Markup('<span class="flag">{}</span>').format(shlex.quote(w)) if w.startswith("-") else shlex.quote(w)
+        for w in words)
+
+
 FILTERS = {
     "num": fmt_num, "x": fmt_x, "pct": fmt_pct, "ci": fmt_ci, "gib": fmt_gib, "bytes": fmt_bytes,
-    "int": fmt_int, "ms": fmt_ms, "g": fmt_g, "speed_class": speed_class,
+    "int": fmt_int, "ms": fmt_ms, "g": fmt_g, "speed_class": speed_class, "command": fmt_command,
 }
 
 
