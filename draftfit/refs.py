@@ -249,6 +249,11 @@ def _refuse_custom_model(directory: Path) -> None:
     )
 
 
+def _model_files(path: Path) -> list[Path]:
+    """The file itself, or the files of a directory in name order (what fingerprints read)."""
+    return [path] if path.is_file() else sorted(p for p in path.iterdir() if p.is_file())
+
+
 def fingerprint(ref: ModelRef) -> str:
     """A short stable key for caches: changes when the model's files change."""
     digest = hashlib.sha256(ref.kind.encode())
@@ -256,7 +261,7 @@ def fingerprint(ref: ModelRef) -> str:
         digest.update(str(_hub_files(ref, ("config.json",))).encode())
     else:
         path = ref.path
-        files = [path] if path.is_file() else sorted(p for p in path.iterdir() if p.is_file())
+        files = _model_files(path)
         for file in files:
             stat = file.stat()
             digest.update(f"{file.name}:{stat.st_size}:{stat.st_mtime_ns}".encode())
@@ -271,7 +276,7 @@ def portable_fingerprint(ref: ModelRef) -> str:
         digest.update(ref.location.encode())
         return digest.hexdigest()[:16]
     path = ref.path
-    files = [path] if path.is_file() else sorted(p for p in path.iterdir() if p.is_file())
+    files = _model_files(path)
     for file in files:
         digest.update(f"{file.name}:{file.stat().st_size}".encode())
         if file.name in ("config.json", "tokenizer.json", "tokenizer_config.json"):

@@ -125,5 +125,7 @@ def has_output(log_path: Path) -> bool:
 
 
 def is_debug() -> bool:
-    root = click.get_current_context().find_root()
-    return bool((root.obj or {}).get("debug")) or os.environ.get("DRAFTFIT_DEBUG") == "1"
+    """``draftfit --debug`` or DRAFTFIT_DEBUG=1, as the command group reads it."""
+    from draftfit.cli import _debug
+
+    return _debug(click.get_current_context())

@@ -369,9 +369,10 @@ class VerifyRun:
         from draftfit.refs import portable_fingerprint
 
         recorded = ((results.targets[0].get("target") or {}) if results.targets else {}).get("fingerprint")
-        if recorded and recorded != portable_fingerprint(target_ref):
+        here = portable_fingerprint(target_ref) if recorded else None
+        if recorded and recorded != here:
             notes.append(f"verify: the target {target_ref.spec} resolves here to other files than rank used "
-                         f"(fingerprint {portable_fingerprint(target_ref)} ≠ {recorded}): the predictions may not apply")
+                         f"(fingerprint {here} ≠ {recorded}): the predictions may not apply")
         installed = _vllm_version()
         if ranked_with and installed and ranked_with != installed:
             notes.append(f"verify: vLLM {installed} measured predictions made with vLLM {ranked_with}")
