@@ -83,7 +83,7 @@ class StudySettings(_Strict):
         "vllm", description="The backend the engines here run: vllm, or transformers (exact logits; no measured step times).")
     dtype: Dtype = Field("auto", description="The engines' dtype here; auto: bfloat16 where the hardware computes it, else float32.")
     top_k_logprobs: int = Field(20, ge=1, le=100)
-    gpu: str | None = Field(None, description="GPU from the catalog for the roofline and the VRAM model, e.g. 'H100 SXM'.")
+    gpu: str | None = Field(None, description="GPU from the catalog for the GPU step model and the VRAM model, e.g. 'H100 SXM'.")
     gpu_count: int = Field(1, ge=1, description="GPUs per replica.")
     tensor_parallel_size: int = Field(1, ge=1, description="Target (and draft) tensor-parallel size.")
     gpu_memory_utilization: float | None = Field(
@@ -98,7 +98,7 @@ class StudySettings(_Strict):
     concurrency: tuple[int, ...] = Field((1, 4, 8, 16, 32), description="Concurrency levels, e.g. 1,4,8,16,32.")
     primary_concurrency: int = Field(1, ge=1, description="The level the ranking orders by.")
     latency_source: Literal["measured", "roofline"] = Field(
-        "measured", description="Step times: timed on this machine (measured) or a GPU roofline (needs --gpu).")
+        "measured", description="Step times: timed on this machine (measured) or the step model of a catalog GPU (roofline; needs --gpu).")
     vllm_version: str | None = Field(None, description="vLLM version for the deploy command and compatibility. Default: the installed one.")
 
     @field_validator("concurrency")

@@ -20,9 +20,16 @@ marginal cost. Over a response of ``N`` tokens::
 It is zero at B = 1 and grows with B; speculation shortens the decode part of ITL only, so the
 interference pulls the speedup toward (or below) 1 as concurrency rises.
 
-Step times come from one of two sources behind :class:`StepTime`: a roofline of a catalog GPU
-(:class:`RooflineStepTime`, ``source="roofline:<GPU>"``) or a fitted profile of the machine at
-hand (:class:`MeasuredStepTime`, ``source="measured-profile"``). Everything computed here is a
+A speculative step is the target's verification pass over ``B·(k+1)`` tokens, the proposer's
+passes (``k`` sequential passes for a draft model and for chain EAGLE / EAGLE-3 / MTP heads, each
+paying its own fixed cost; none on the GPU for ngram and suffix, whose lookup runs on the host), and
+what the step adds beyond its passes (``spec overhead``: the rejection sampler, the proposer's input
+preparation).
+
+Pass times come from one of two sources behind :class:`StepTime`: the step model of a catalog GPU
+(:class:`GpuStepTime`, ``source="gpu-model:<GPU>"``, its constants from
+:mod:`draftfit.calibration` with their provenance) or a fitted profile of the machine at hand
+(:class:`MeasuredStepTime`, ``source="measured-profile"``). Everything computed here is a
 prediction and says so (``kind="predicted"``).
 """
 
@@ -34,16 +41,12 @@ from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
+from draftfit.calibration import GpuConstants, check_constants
 from draftfit.errors import DraftfitError
 from draftfit.hardware import GPU, ModelShape, StepProfile
 from draftfit.vram import dtype_bytes
 
 DEFAULT_CONCURRENCY: tuple[int, ...] = (1, 4, 8, 16, 32)
-
-# Defaults of the roofline, stated as assumptions (overridable per call): decode kernels reach
-# ~80 % of peak HBM bandwidth, large GEMMs ~60 % of peak dense bf16 FLOP/s.
-ROOFLINE_MEMORY_EFFICIENCY = 0.8
-ROOFLINE_COMPUTE_EFFICIENCY = 0.6
 
 # Model-free proposers (ngram prompt lookup) cost a small CPU search per sequence per step.
 # This default is an assumption, not a measurement; pass a measured value where one exists.
@@ -52,85 +55,130 @@ MODEL_FREE_CPU_SECONDS_PER_SEQ = 1e-5
 
 @runtime_checkable
 class StepTime(Protocol):
-    """Seconds for one forward step of a model, vectorized over numpy arrays."""
+    """Seconds for one forward pass of a model, vectorized over numpy arrays.
+
+    ``seqs`` is the number of sequences the ``batched_tokens`` belong to (default: one token per
+    sequence); attention reads each sequence's own context.
+    """
 
     @property
     def source(self) -> str: ...
 
-    def step_time(self, batched_tokens: Any, kv_tokens: Any) -> np.ndarray: ...
+    def step_time(self, batched_tokens: Any, kv_tokens: Any, seqs: Any = None) -> np.ndarray: ...
 
     def to_dict(self) -> dict[str, Any]: ...
 
 
 @dataclass(frozen=True)
-class RooflineStepTime:
-    """Roofline step time of ``shape`` on ``tensor_parallel_size`` GPUs of one kind.
+class GpuStepTime:
+    """One forward pass of ``shape`` on ``tensor_parallel_size`` GPUs of one kind, as vLLM runs it.
 
-    memory time  = (streamed weight bytes ÷ TP + kv_tokens · KV bytes per token per GPU) ÷ (HBM B/s · eff)
-    compute time = 2 · active params · batched_tokens ÷ (bf16 FLOP/s · TP · eff)
-    step time    = max(memory, compute) + overhead
+    For ``n`` tokens of ``B`` sequences reading ``K`` cached KV tokens in all::
 
-    Attention FLOPs and TP all-reduce time are not modelled (fold them into ``overhead_s`` or the
-    efficiencies); MoE weights are counted as read in full every step.
+        fixed    = the pass's fixed cost (graph replay or launches, sampler; the target's includes
+                   vLLM's engine step) + eager launches per layer when CUDA graphs are off
+        memory   = (weights read ÷ TP + K · KV bytes per token per GPU) ÷ (HBM B/s · memory efficiency)
+                   weights read: the dense part whole, a MoE's routed experts in the share the n
+                   tokens touch, quantized layers at their bytes and the rest in the activation dtype
+        compute  = (2 · active matmul params · n + 4 · layers · heads · head_dim · n · K/B) ÷ TP
+                   ÷ (bf16 FLOP/s · compute efficiency)
+        gpu      = (memory^p + compute^p)^(1/p)       a smooth memory→compute transition
+        allreduce = 2 · layers · (latency + 2(TP−1)/TP · n · hidden · bytes ÷ all-reduce B/s)
+        pass     = fixed + gpu + allreduce
+
+    The constants come from ``constants`` (:mod:`draftfit.calibration`), each with its source.
+    ``role`` picks the fixed cost: ``target`` or the proposer's method name.
     """
 
     gpu: GPU
     shape: ModelShape
+    constants: GpuConstants
     tensor_parallel_size: int = 1
     weight_dtype: str | float = "bf16"
     kv_dtype: str | float | None = None
-    memory_efficiency: float = ROOFLINE_MEMORY_EFFICIENCY
-    compute_efficiency: float = ROOFLINE_COMPUTE_EFFICIENCY
-    overhead_s: float = 0.0
+    activation_dtype: str = "bf16"
+    role: str = "target"
+    cuda_graphs: bool = True
 
     def __post_init__(self) -> None:
-        for name in ("memory_efficiency", "compute_efficiency"):
-            value = getattr(self, name)
-            if not 0 < value <= 1:
-                raise DraftfitError(
-                    f"{name} {value} must be in (0, 1]", fix="Pass a fraction such as 0.8"
-                )
+        check_constants(self.constants)
 
     @property
     def source(self) -> str:
-        return f"roofline:{self.gpu.name}"
+        return f"gpu-model:{self.gpu.name}"
+
+    @property
+    def fixed_s(self) -> float:
+        eager = 0.0 if self.cuda_graphs else self.constants.eager_layer_s * self.shape.num_layers
+        return self.constants.pass_fixed_s(self.role) + eager
+
+    @property
+    def spec_step_s(self) -> float:
+        """What a speculative engine step adds beyond its passes (the rejection sampler, the
+        proposer's input preparation)."""
+        return self.constants.spec_step_s
+
+    def weight_bytes(self, batched_tokens: Any) -> np.ndarray:
+        """Weight bytes one GPU reads in a pass over ``batched_tokens`` tokens."""
+        n = np.asarray(batched_tokens, float)
+        streamed = self.shape.streamed_params_for(n)
+        kept = self.shape.unquantized_params - self.shape.embedding_params  # the input embedding is a lookup
+        quant, act = dtype_bytes(self.weight_dtype), dtype_bytes(self.activation_dtype)
+        if quant >= act:
+            kept = 0.0
+        return ((streamed - kept) * quant + kept * act) / self.tensor_parallel_size
 
     @property
     def weight_bytes_per_step(self) -> float:
-        return (
-            self.shape.streamed_params * dtype_bytes(self.weight_dtype) / self.tensor_parallel_size
-        )
+        return float(self.weight_bytes(1))
 
     @property
     def kv_bytes_per_token(self) -> float:
-        kv = self.kv_dtype if self.kv_dtype is not None else self.weight_dtype
+        kv = self.kv_dtype if self.kv_dtype is not None else self.activation_dtype
         return self.shape.kv_bytes_per_token(dtype_bytes(kv), self.tensor_parallel_size)
 
-    def memory_time(self, kv_tokens: Any) -> np.ndarray:
-        moved = self.weight_bytes_per_step + np.asarray(kv_tokens, float) * self.kv_bytes_per_token
-        return moved / (self.gpu.hbm_bytes_per_s * self.memory_efficiency)
+    def memory_time(self, batched_tokens: Any, kv_tokens: Any) -> np.ndarray:
+        moved = self.weight_bytes(batched_tokens) + np.asarray(kv_tokens, float) * self.kv_bytes_per_token
+        return moved / (self.gpu.hbm_bytes_per_s * self.constants.memory_efficiency)
 
-    def compute_time(self, batched_tokens: Any) -> np.ndarray:
-        flops = 2.0 * self.shape.active_params * np.asarray(batched_tokens, float)
-        return flops / (self.gpu.bf16_flops * self.tensor_parallel_size * self.compute_efficiency)
+    def compute_time(self, batched_tokens: Any, kv_tokens: Any, seqs: Any = None) -> np.ndarray:
+        n = np.asarray(batched_tokens, float)
+        b = n if seqs is None else np.asarray(seqs, float)
+        context = np.asarray(kv_tokens, float) / np.maximum(b, 1.0)
+        shape = self.shape
+        matmul = shape.active_params - (0.0 if shape.tied_embeddings else shape.embedding_params)
+        attention = 4.0 * shape.num_layers * shape.num_heads * shape.head_dim * n * context
+        flops = (2.0 * matmul * n + attention) / self.tensor_parallel_size
+        return flops / (self.gpu.bf16_flops * self.constants.compute_efficiency)
 
-    def step_time(self, batched_tokens: Any, kv_tokens: Any) -> np.ndarray:
-        return (
-            np.maximum(self.memory_time(kv_tokens), self.compute_time(batched_tokens))
-            + self.overhead_s
-        )
+    def allreduce_time(self, batched_tokens: Any) -> np.ndarray:
+        n = np.asarray(batched_tokens, float)
+        tp = self.tensor_parallel_size
+        if tp <= 1:
+            return np.zeros(n.shape)
+        c = self.constants
+        moved = 2.0 * (tp - 1) / tp * n * self.shape.hidden_size * dtype_bytes(self.activation_dtype)
+        return 2.0 * self.shape.num_layers * (c.allreduce_latency_s + moved / c.allreduce_bytes_per_s)
+
+    def step_time(self, batched_tokens: Any, kv_tokens: Any, seqs: Any = None) -> np.ndarray:
+        p = self.constants.transition_p
+        mem = self.memory_time(batched_tokens, kv_tokens)
+        comp = self.compute_time(batched_tokens, kv_tokens, seqs)
+        gpu = (mem**p + comp**p) ** (1.0 / p)
+        return self.fixed_s + gpu + self.allreduce_time(batched_tokens)
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "source": self.source,
             "gpu": self.gpu.to_dict(),
             "model": self.shape.name,
+            "role": self.role,
             "tensor_parallel_size": self.tensor_parallel_size,
             "weight_dtype": self.weight_dtype,
-            "kv_dtype": self.kv_dtype,
-            "memory_efficiency": self.memory_efficiency,
-            "compute_efficiency": self.compute_efficiency,
-            "overhead_s": self.overhead_s,
+            "kv_dtype": self.kv_dtype if self.kv_dtype is not None else self.activation_dtype,
+            "cuda_graphs": self.cuda_graphs,
+            "fixed_s": self.fixed_s,
+            "constants": self.constants.to_dict(),
         }
 
 
@@ -144,7 +192,9 @@ class MeasuredStepTime:
     def source(self) -> str:
         return "measured-profile"
 
-    def step_time(self, batched_tokens: Any, kv_tokens: Any) -> np.ndarray:
+    spec_step_s: float = 0.0  # the profile's steps include the engine's own overhead
+
+    def step_time(self, batched_tokens: Any, kv_tokens: Any, seqs: Any = None) -> np.ndarray:
         return self.profile.predict(batched_tokens, kv_tokens)
 
     def to_dict(self) -> dict[str, Any]:
@@ -171,7 +221,8 @@ class DraftCost(Protocol):
 
 @dataclass(frozen=True)
 class ModelDraftCost:
-    """A draft model proposing ``k`` tokens for ``B`` sequences, one forward pass per token.
+    """A draft model or a chain head (EAGLE, EAGLE-3, MTP) proposing ``k`` tokens for ``B``
+    sequences, one forward pass per token, each paying the pass's fixed cost.
 
     As vLLM's proposer does (``v1/spec_decode/llm_base_proposer.py``), the first pass re-reads the
     tokens the target just verified — with the default padded drafter batch that is ``B·(k+1)``
@@ -198,8 +249,9 @@ class ModelDraftCost:
         k = np.asarray(ks, float)[:, None]
         b = np.asarray(batch, float)[None, :]
         first_tokens, kv = self._first_pass(ks, batch, context_len)
-        rest = (k - 1) * self.step.step_time(b, b * context_len)
-        return self.step.step_time(first_tokens, kv) + rest
+        rest = (k - 1) * self.step.step_time(b, b * context_len, b)
+        seqs = np.broadcast_to(b, first_tokens.shape)
+        return self.step.step_time(first_tokens, kv, seqs) + rest
 
     def off_time(self, batch: np.ndarray, context_len: float) -> np.ndarray:
         """Cost while a per-batch-size schedule has k = 0: vLLM still runs the draft's first pass
@@ -210,7 +262,8 @@ class ModelDraftCost:
     def prefill_time(self, ks: np.ndarray, batch: np.ndarray, context_len: float, prompt_len: float) -> np.ndarray:
         """``[k, B]``: what one new prompt of ``prompt_len`` tokens adds to the draft's first pass."""
         first, kv = self._first_pass(ks, batch, context_len)
-        return self.step.step_time(first + prompt_len, kv + prompt_len) - self.step.step_time(first, kv)
+        seqs = np.broadcast_to(np.asarray(batch, float)[None, :], first.shape)
+        return self.step.step_time(first + prompt_len, kv + prompt_len, seqs + 1) - self.step.step_time(first, kv, seqs)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -440,7 +493,7 @@ def predict_costs(
     context_len: float,
     al_low: Sequence[float] | None = None,
     al_high: Sequence[float] | None = None,
-    spec_overhead_s: float = 0.0,
+    spec_overhead_s: float | None = None,
     draft_fraction: Sequence[float] | None = None,
     target_model: dict[str, Any] | None = None,
     draft_model: dict[str, Any] | None = None,
@@ -460,7 +513,12 @@ def predict_costs(
 
     ``prompt_len`` / ``output_len``: mean prompt and response lengths in tokens, for the prefill
     interference of the module doc (none when ``output_len`` is not given).
+
+    ``spec_overhead_s`` (default: the target step model's ``spec_step_s``) is what a speculative
+    step adds beyond its passes.
     """
+    if spec_overhead_s is None:
+        spec_overhead_s = float(getattr(target, "spec_step_s", 0.0))
     k_arr = np.asarray(ks, int)
     al_arr = np.asarray(al, float)
     levels = np.asarray(concurrency, int)
@@ -498,9 +556,9 @@ def predict_costs(
     def parts(batch: np.ndarray):
         b = batch.astype(float)
         kv = b * context_len
-        t_base = np.asarray(target.step_time(b, kv), float)
+        t_base = np.asarray(target.step_time(b, kv, b), float)
         t_verify = np.asarray(
-            target.step_time(b[None, :] * (k_arr[:, None] + 1), kv[None, :]), float
+            target.step_time(b[None, :] * (k_arr[:, None] + 1), kv[None, :], b[None, :]), float
         )
         t_draft = np.asarray(draft.draft_time(k_arr, b, context_len), float)
         t_spec = frac[:, None] * (t_draft + t_verify + spec_overhead_s) + (1.0 - frac[:, None]) * t_base[None, :]
@@ -512,9 +570,10 @@ def predict_costs(
             return np.zeros(b.shape), np.zeros((k_arr.size, b.size))
         kv = b * context_len
         share = np.maximum(b - 1.0, 0.0) / float(output_len)
-        base = target.step_time(b + prompt_len, kv + prompt_len) - target.step_time(b, kv)
+        base = target.step_time(b + prompt_len, kv + prompt_len, b + 1) - target.step_time(b, kv, b)
         verify = b[None, :] * (k_arr[:, None] + 1)
-        spec = (target.step_time(verify + prompt_len, kv[None, :] + prompt_len) - target.step_time(verify, kv[None, :])
+        seqs = b[None, :]
+        spec = (target.step_time(verify + prompt_len, kv[None, :] + prompt_len, seqs + 1) - target.step_time(verify, kv[None, :], seqs)
                 + draft.prefill_time(k_arr, b, context_len, prompt_len))
         return share * np.asarray(base, float), share[None, :] * np.asarray(spec, float)
 
@@ -573,7 +632,7 @@ __all__ = [
     "MeasuredStepTime",
     "ModelDraftCost",
     "ModelFreeDraftCost",
-    "RooflineStepTime",
+    "GpuStepTime",
     "StepTime",
     "leviathan_speedup",
     "predict_costs",

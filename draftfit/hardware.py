@@ -290,6 +290,8 @@ class ModelShape:
     params_source: str = "estimated from config.json"
     num_experts: int = 0
     experts_per_token: int = 0
+    expert_params: float = 0.0  # all routed experts of all layers (a MoE reads only those its tokens pick)
+    norm_and_router_params: float = 0.0  # what vLLM keeps unquantized besides embeddings and LM head
 
     @classmethod
     def from_config(
@@ -332,7 +334,7 @@ class ModelShape:
         )
         per_token = int(_first(cfg, "num_experts_per_tok", "num_experts_per_token", default=0) or 0)
 
-        total, active = _estimate_params(
+        total, active, experts, small = _estimate_params(
             cfg,
             model_type,
             hidden,
@@ -348,7 +350,7 @@ class ModelShape:
         )
         source = "estimated from config.json"
         if params is not None:
-            active = active * params / total
+            active, experts = active * params / total, experts * params / total
             total = float(params)
             source = "given"
         return cls(
@@ -367,11 +369,39 @@ class ModelShape:
             params_source=source,
             num_experts=n_experts,
             experts_per_token=per_token,
+            expert_params=float(experts),
+            norm_and_router_params=float(small),
         )
 
     @property
     def embedding_params(self) -> float:
         return float(self.vocab_size * self.hidden_size)
+
+    @property
+    def lm_head_params(self) -> float:
+        return self.embedding_params
+
+    @property
+    def unquantized_params(self) -> float:
+        """Parameters a quantized checkpoint keeps in the activation dtype in vLLM: the embeddings,
+        the LM head, norms and MoE routers."""
+        head = 0.0 if self.tied_embeddings else self.lm_head_params
+        return self.embedding_params + head + self.norm_and_router_params
+
+    def touched_expert_fraction(self, tokens: Any) -> np.ndarray:
+        """Expected share of a layer's routed experts that ``tokens`` tokens select together, each
+        picking ``experts_per_token`` of ``num_experts`` (uniform routing): 1 − (1 − k/E)^n."""
+        n = np.asarray(tokens, float)
+        if not self.num_experts:
+            return np.ones(n.shape)
+        pick = min(1.0, max(self.experts_per_token, 1) / self.num_experts)
+        return 1.0 - (1.0 - pick) ** np.maximum(n, 1.0)
+
+    def streamed_params_for(self, tokens: Any) -> np.ndarray:
+        """Parameters one forward pass over ``tokens`` tokens reads: the dense part whole, the routed
+        experts in the share the tokens touch."""
+        dense = self.streamed_params - self.expert_params
+        return dense + self.expert_params * self.touched_expert_fraction(tokens)
 
     @property
     def streamed_params(self) -> float:
@@ -415,8 +445,9 @@ def _estimate_params(
     tied: bool,
     n_experts: int,
     per_token: int,
-) -> tuple[float, float]:
-    """Total and per-token-active parameters from the architecture (weights, biases, norms)."""
+) -> tuple[float, float, float, float]:
+    """Total and per-token-active parameters from the architecture (weights, biases, norms), the
+    routed experts' share of the total, and the norms and routers."""
     q_dim, kv_dim = heads * head_dim, kv_heads * head_dim
     attn = hidden * q_dim + 2 * hidden * kv_dim + q_dim * hidden
     if cfg.get("attention_bias") or model_type in _QKV_BIAS_FAMILIES:
@@ -453,7 +484,9 @@ def _estimate_params(
 
     total = embed + head + final_norm + positions + layers * (attn + mlp_total + norms)
     active = embed + head + final_norm + positions + layers * (attn + mlp_active + norms)
-    return float(total), float(active)
+    experts = layers * n_experts * mlp(int(_first(cfg, "moe_intermediate_size", default=intermediate))) if n_experts else 0
+    small = final_norm + layers * (norms + (hidden * n_experts if n_experts else 0))
+    return float(total), float(active), float(experts), float(small)
 
 
 # --------------------------------------------------------------------------------------------

@@ -144,6 +144,7 @@ class RankRun:
     profile_plan: dict = field(default_factory=lambda: dict(PROFILE_PLANS["standard"]))
     warnings: list[str] = field(default_factory=list)
     timings: dict[str, float] = field(default_factory=dict)
+    step_model: dict | None = None  # the GPU step model's constants and their sources (roofline source)
     show_prompts: bool = False  # prompt text in warnings and progress lines (off: row numbers only)
     trust_remote_code: bool = False  # let model repositories run their own code
 
@@ -272,7 +273,8 @@ class RankRun:
                 argv=self.argv, seeds={"sample": study.seed, "sampling": study.seed, "bootstrap": 0},
                 hardware=self.hardware.to_dict(),
             )
-            | {"engine": engine_config.to_dict() | {"engine_id": engine_fields["engine"]}, "timings": self.timings},
+            | {"engine": engine_config.to_dict() | {"engine_id": engine_fields["engine"]}, "timings": self.timings}
+            | ({"step_model": self.step_model} if self.step_model else {}),
             study=study.model_dump(mode="json"),
             candidates=[p.candidate.model_dump(mode="json") for p in plans],
             checks=[{"candidate": p.candidate.name, **p.check} for p in plans if p.check],
@@ -347,7 +349,8 @@ class RankRun:
     def _predict(self, plans, trajset, scores_by_fp, profiles, sample, target_ref, target_config):
         from draftfit.acceptance import bootstrap, segments, select_rule
         from draftfit.acceptance_walk import midpoint
-        from draftfit.costmodel import MeasuredStepTime, RooflineStepTime, predict_costs
+        from draftfit.calibration import gpu_constants
+        from draftfit.costmodel import GpuStepTime, MeasuredStepTime, predict_costs
         from draftfit.hardware import ModelShape, StepProfile
         from draftfit.metrics import SpecCounts
         from draftfit.ranking import rows_from_prediction
@@ -365,10 +368,15 @@ class RankRun:
         buckets = np.array([item.bucket for item in sample.items])
         categories = np.array([item.category for item in sample.items])
 
-        def step_time(fp: str, shape: ModelShape):
+        constants = gpu_constants(hardware.gpu.name)
+        if study.latency_source != "measured":
+            self.step_model = {"kind": "GpuStepTime", **constants.to_dict()}
+
+        def step_time(fp: str, shape: ModelShape, role: str = "target"):
             if study.latency_source == "measured":
                 return MeasuredStepTime(StepProfile.from_dict(profiles[fp]["profile"]))
-            return RooflineStepTime(hardware.gpu, shape, hardware.tensor_parallel_size, weight_dtype, weight_dtype)
+            return GpuStepTime(hardware.gpu, shape, constants, hardware.tensor_parallel_size, weight_dtype,
+                               activation_dtype=weight_dtype, role=role)
 
         target_fp = fingerprint(target_ref)
         target_step = step_time(target_fp, target_shape)
@@ -406,9 +414,11 @@ class RankRun:
             )
             vram = None
             if draft_shape is not None:
+                # a catalog GPU: vLLM's non-KV reserve of its profile run; this machine: none modelled
                 vram = vram_report(hardware, target_shape, draft_shape, target_dtype=weight_dtype, draft_dtype=weight_dtype,
                                    gpu_memory_utilization=study.deploy_memory_utilization, max_model_len=study.max_model_len,
-                                   concurrency=max(study.concurrency))
+                                   concurrency=max(study.concurrency), reserved_bytes=None if study.gpu else 0.0,
+                                   constants=constants, activation_dtype=weight_dtype)
             totals = [point.counts(k) for k in ks]
             rate = [t.acceptance_rate for t in totals]
             rows += rows_from_prediction(c.name, prediction, vram, draft_cost=cost_rank, method=plan.method,

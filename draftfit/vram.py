@@ -1,15 +1,19 @@
 """What the draft costs in GPU memory, and whether the pair still fits (predicted).
 
 vLLM gives every KV-cache token slot the KV of *both* models, so a draft costs its weights plus a
-share of every slot. Per GPU (the draft runs with the target's tensor-parallel size)::
+share of every slot. Per GPU, as vLLM's profile run computes it (``determine_available_memory``)::
 
-    budget        = gpu_memory_utilization × GPU memory
-    free          = budget − target weights − draft weights − reserved
-    capacity      = free / (kv_target + kv_draft)            tokens
-    kv bytes/token = 2 · layers · KV heads per GPU · head_dim · bytes
+    budget         = gpu_memory_utilization × GPU memory
+    free           = budget − target weights − draft weights − reserve
+    reserve        = peak activations of a forward over max_num_batched_tokens + the sampler's
+                     logits for max_num_seqs + CUDA-graph memory + non-torch memory (NCCL under TP)
+    capacity       = free / (kv_target + kv_draft)            tokens
+    kv bytes/token = 2 · layers · KV heads per GPU · head_dim · bytes of kv_cache_dtype
 
-The capacity ignores activation memory and CUDA graphs unless ``reserved_bytes`` says how much
-they take, so it is an optimistic prediction near the limit.
+``kv_cache_dtype`` "auto" is the activation dtype, not the weights' quantization. Quantized weights
+count the embeddings, LM head, norms and routers at the activation dtype (vLLM keeps them
+unquantized). The draft's weights and KV are at the draft's tensor-parallel size; an EAGLE or MTP
+head's own KV (its layers) is the head's shape's.
 """
 
 from __future__ import annotations
@@ -62,10 +66,47 @@ def dtype_bytes(dtype: str | float | int) -> float:
 
 
 def weight_bytes_per_gpu(
-    shape: ModelShape, dtype: str | float, tensor_parallel_size: int = 1
+    shape: ModelShape, dtype: str | float, tensor_parallel_size: int = 1, activation_dtype: str = "bf16"
 ) -> float:
-    """Weights one GPU holds: params × bytes ÷ TP (the shards; replicated norms are negligible)."""
-    return shape.params * dtype_bytes(dtype) / tensor_parallel_size
+    """Weights one GPU holds: the quantized params at ``dtype`` and what vLLM keeps unquantized
+    (embeddings, LM head, norms, routers) at the activation dtype, ÷ TP (vocab-parallel embeddings
+    and LM head are sharded too; replicated norms are negligible)."""
+    quant, act = dtype_bytes(dtype), dtype_bytes(activation_dtype)
+    kept = shape.unquantized_params if quant < act else 0.0
+    return ((shape.params - kept) * quant + kept * act) / tensor_parallel_size
+
+
+# vLLM's defaults for `vllm serve` on a GPU of the H100 class (V1 engine).
+DEFAULT_MAX_NUM_BATCHED_TOKENS = 8192
+DEFAULT_MAX_NUM_SEQS = 1024
+SAMPLER_LOGIT_BYTES = 4 * 2  # fp32 logits and the probabilities computed from them
+
+
+def activation_peak_bytes(shape: ModelShape, tensor_parallel_size: int = 1, *,
+                          max_num_batched_tokens: int = DEFAULT_MAX_NUM_BATCHED_TOKENS,
+                          max_num_seqs: int = DEFAULT_MAX_NUM_SEQS, activation_dtype: str = "bf16") -> float:
+    """Peak activation memory of vLLM's profile run on one GPU: a forward over
+    ``max_num_batched_tokens`` tokens (residual and hidden state, q/k/v, the MLP's gate-up and
+    activation — a MoE's for every expert a token picks) and the sampler's fp32 logits for
+    ``max_num_seqs`` sequences."""
+    tp = tensor_parallel_size
+    h = shape.hidden_size
+    qkv = (shape.num_heads + 2 * shape.num_kv_heads) * shape.head_dim / tp
+    if shape.num_experts:
+        width = shape.expert_params / max(shape.num_layers * shape.num_experts * 3 * h, 1)
+        mlp = shape.experts_per_token * (3 * width / tp + h)
+    else:
+        mlp = 3 * shape.intermediate_size / tp
+    forward = max_num_batched_tokens * (2 * h + qkv + mlp) * dtype_bytes(activation_dtype)
+    sampler = max_num_seqs * shape.vocab_size / tp * SAMPLER_LOGIT_BYTES
+    return float(forward + sampler)
+
+
+def non_kv_reserve_bytes(shape: ModelShape, constants, tensor_parallel_size: int = 1, **activation) -> float:
+    """What vLLM's profile run keeps from the KV budget besides weights (see the module doc);
+    ``constants`` are the GPU's (:class:`draftfit.calibration.GpuConstants`)."""
+    non_torch = constants.non_torch_bytes_per_gpu_tp if tensor_parallel_size > 1 else 0.0
+    return activation_peak_bytes(shape, tensor_parallel_size, **activation) + constants.cuda_graph_bytes + non_torch
 
 
 @dataclass(frozen=True)
@@ -182,14 +223,20 @@ def vram_report(
     max_model_len: int,
     concurrency: int = 1,
     tokens_per_seq: int | None = None,
-    reserved_bytes: float = 0.0,
+    reserved_bytes: float | None = 0.0,
+    activation_dtype: str = "bf16",
+    draft_tensor_parallel_size: int | None = None,
+    constants=None,
+    max_num_batched_tokens: int = DEFAULT_MAX_NUM_BATCHED_TOKENS,
+    max_num_seqs: int = DEFAULT_MAX_NUM_SEQS,
 ) -> VramReport:
     """Predict per-GPU memory, KV capacity lost to the draft, and fit / no-fit.
 
     ``draft=None`` is a model-free method (ngram, suffix): no weights, no KV. The draft's KV uses
     the target's KV-cache dtype (vLLM's draft inherits ``kv_cache_dtype``); ``kv_cache_dtype=None``
-    means the target's weight dtype (vLLM's ``auto``). ``tokens_per_seq`` (default
-    ``max_model_len``) is the length each of ``concurrency`` sequences must be able to reach.
+    means vLLM's ``auto``: the activation dtype. ``tokens_per_seq`` (default ``max_model_len``) is
+    the length each of ``concurrency`` sequences must be able to reach. ``reserved_bytes=None``
+    computes vLLM's non-KV reserve (:func:`non_kv_reserve_bytes`, with ``constants`` of the GPU).
     """
     if not 0 < gpu_memory_utilization <= 1:
         raise DraftfitError(
@@ -203,13 +250,21 @@ def vram_report(
         )
     tokens_per_seq = int(tokens_per_seq or max_model_len)
     tp = hardware.tensor_parallel_size
+    draft_tp = draft_tensor_parallel_size or tp
     budget = gpu_memory_utilization * hardware.gpu.memory_bytes
-    kv_bytes = dtype_bytes(kv_cache_dtype if kv_cache_dtype is not None else target_dtype)
+    kv_bytes = dtype_bytes(kv_cache_dtype if kv_cache_dtype not in (None, "auto") else activation_dtype)
+    if reserved_bytes is None:
+        if constants is None:
+            from draftfit.calibration import gpu_constants
 
-    target_w = weight_bytes_per_gpu(target, target_dtype, tp)
+            constants = gpu_constants(hardware.gpu.name)
+        reserved_bytes = non_kv_reserve_bytes(target, constants, tp, max_num_batched_tokens=max_num_batched_tokens,
+                                              max_num_seqs=max_num_seqs, activation_dtype=activation_dtype)
+
+    target_w = weight_bytes_per_gpu(target, target_dtype, tp, activation_dtype)
     kv_t = target.kv_bytes_per_token(kv_bytes, tp)
-    draft_w = weight_bytes_per_gpu(draft, draft_dtype, tp) if draft is not None else 0.0
-    kv_d = draft.kv_bytes_per_token(kv_bytes, tp) if draft is not None else 0.0
+    draft_w = weight_bytes_per_gpu(draft, draft_dtype, draft_tp, activation_dtype) if draft is not None else 0.0
+    kv_d = draft.kv_bytes_per_token(kv_bytes, draft_tp) if draft is not None else 0.0
 
     free_base = budget - target_w - reserved_bytes
     free_with = free_base - draft_w
@@ -263,6 +318,8 @@ def vram_report(
 
 __all__ = [
     "INT4_SCALE_BYTES_PER_PARAM",
+    "activation_peak_bytes",
+    "non_kv_reserve_bytes",
     "VramReport",
     "dtype_bytes",
     "vram_report",

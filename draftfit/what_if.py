@@ -4,7 +4,8 @@ For a team that already measured acceptance (``vllm bench serve``, production ``
 wants another GPU, TP, k or concurrency: from the models' ``config.json`` and the measured
 acceptance, the predicted step times, ITL and speedup for every (k, concurrency), and the KV
 capacity, with the same cost and VRAM functions `rank` uses (:func:`draftfit.costmodel.predict_costs`
-on a :class:`~draftfit.costmodel.RooflineStepTime`, :func:`draftfit.vram.vram_report`).
+on a :class:`~draftfit.costmodel.GpuStepTime` with the GPU's constants of
+:mod:`draftfit.calibration`, :func:`draftfit.vram.vram_report`).
 
 Acceptance comes as vLLM reports it:
 
@@ -114,6 +115,19 @@ class WhatIf:
         return json.dumps(self.to_dict(), indent=2, allow_nan=False, default=float)
 
 
+def calibration_note(constants, *, concurrency: int, tensor_parallel_size: int) -> str:
+    """What the prediction's constants rest on, and where they are untested."""
+    where = ("its own published points" if constants.entry != "default"
+             else "published H100 SXM / A100 40GB measurements (fixed costs transferred to other GPUs)")
+    untested = []
+    if concurrency > 1:
+        untested.append("concurrency > 1 (compute efficiency and the memory→compute transition are assumptions)")
+    if tensor_parallel_size > 1:
+        untested.append("TP > 1 (all-reduce cost is an assumption)")
+    note = f"step model of {constants.gpu}: constants fitted on {where}, see provenance.cost_model.constants.sources"
+    return note + (f"; not checked against published data at {' or '.join(untested)}" if untested else "")
+
+
 def model_config(spec: str, *, trust_remote_code: bool = False) -> tuple[dict[str, Any], str]:
     """A model reference's config.json (a directory holding only config.json suffices) and its name."""
     from draftfit.refs import metadata_dir, resolve
@@ -163,7 +177,8 @@ def predict_what_if(
     trust_remote_code: bool = False,
 ) -> WhatIf:
     """Predict speed and memory of (target, draft, method) on ``gpu`` for every k and concurrency."""
-    from draftfit.costmodel import RooflineStepTime, predict_costs
+    from draftfit.calibration import gpu_constants
+    from draftfit.costmodel import GpuStepTime, predict_costs
     from draftfit.hardware import ModelShape, load_catalog, parse_hardware
     from draftfit.methods import CANDIDATE_METHODS, get_method
     from draftfit.vram import dtype_bytes, vram_report
@@ -196,12 +211,11 @@ def predict_what_if(
     # vLLM's kv_cache_dtype "auto" is the activation dtype (bf16 here), not the weights' quantization
     kv_dtype = kv_cache_dtype if kv_cache_dtype not in (None, "auto") else ("fp16" if target_dtype == "fp16" else "bf16")
     tp = hardware.tensor_parallel_size
-    target_step = RooflineStepTime(hardware.gpu, target_shape, tp, target_dtype, kv_dtype)
+    constants = gpu_constants(hardware.gpu.name)
+    target_step = GpuStepTime(hardware.gpu, target_shape, constants, tp, target_dtype, kv_dtype)
     max_len = int(max_model_len or target_config.get("max_position_embeddings") or input_len + output_len)
     levels = tuple(sorted(set(int(c) for c in concurrency)))
-    notes: list[str] = [
-        "the roofline has no calibrated fixed cost per forward pass yet and predicts speedups on GPUs too high "
-        "against published measurements: read the speedups as upper estimates"]
+    notes: list[str] = [calibration_note(constants, concurrency=max(concurrency), tensor_parallel_size=tp)]
 
     draft_shape, draft_dtype, draft_name = None, target_dtype, None
     if speculating:
@@ -213,9 +227,10 @@ def predict_what_if(
             notes.append(f"acceptance: {acceptance.how}; measured per-position rates give better predictions at other k")
         if draft is not None:
             draft_config, draft_name = model_config(draft, trust_remote_code=trust_remote_code)
-            draft_shape = ModelShape.from_config(draft_config, name=draft_name)
+            draft_shape = spec_method.draft_shape(draft_config, draft_name)
             draft_dtype = weight_dtype(draft_config)
-            draft_cost = ModelDraftCost(RooflineStepTime(hardware.gpu, draft_shape, tp, draft_dtype, kv_dtype))
+            draft_cost = ModelDraftCost(GpuStepTime(hardware.gpu, draft_shape, constants, tp, draft_dtype, kv_dtype,
+                                                    role=method))
         else:
             draft_cost = ModelFreeDraftCost(method)
             notes.append(f"{method}: assumed to propose at every step (the AL given is tokens per drafting step)")
@@ -253,7 +268,8 @@ def predict_what_if(
 
     vram = vram_report(hardware, target_shape, draft_shape, target_dtype=target_dtype, draft_dtype=draft_dtype,
                        kv_cache_dtype=kv_dtype, gpu_memory_utilization=gpu_memory_utilization, max_model_len=max_len,
-                       concurrency=max(levels), tokens_per_seq=min(max_len, input_len + output_len))
+                       concurrency=max(levels), tokens_per_seq=min(max_len, input_len + output_len),
+                       reserved_bytes=None, constants=constants)
     capacity = vram.capacity_tokens_with_draft if draft_shape is not None else vram.capacity_tokens_baseline
     per_token = vram.kv_target_bytes_per_token + vram.kv_draft_bytes_per_token
     vram_out = {
@@ -278,6 +294,7 @@ def predict_what_if(
         "hardware": {**hardware.to_dict(), "label": hardware.label()},
         "latency_source": target_step.source,
         "cost_model": target_step.to_dict(),
+        "draft_cost_model": draft_cost.to_dict() if speculating else None,
         "acceptance": acceptance_info,
         "input_len": input_len,
         "output_len": output_len,

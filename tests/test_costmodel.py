@@ -8,11 +8,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from draftfit.calibration import gpu_constants
 from draftfit.costmodel import (
+    GpuStepTime,
     MeasuredStepTime,
     ModelDraftCost,
     ModelFreeDraftCost,
-    RooflineStepTime,
     StepTime,
     leviathan_speedup,
     predict_costs,
@@ -137,50 +138,116 @@ def test_verification_and_baseline_step_times():
     assert pred.speedup[0, 0] == pytest.approx(3 * 6.380 / 7.052)
 
 
-def test_roofline_by_hand():
-    """H100 SXM, Llama-3.1-8B bf16, TP 1, efficiencies 0.8 / 0.6.
-    Weights read per step: (8,030,261,248 − 128,256·4,096 untied input embedding) · 2 B = 15,009,849,344 B
-    → 15,009,849,344 / (3.35e12 · 0.8) = 5.6007 ms at B = 1 with no context (memory bound).
-    4,096 tokens: 2 · 8,030,261,248 · 4,096 / (989e12 · 0.6) = 110.86 ms (compute bound)."""
-    roof = RooflineStepTime(H100, LLAMA_8B)
-    assert roof.weight_bytes_per_step == 15_009_849_344
-    assert float(roof.step_time(1, 0)) == pytest.approx(15_009_849_344 / 2.68e12)
-    assert float(roof.step_time(4096, 0)) == pytest.approx(
-        2 * 8_030_261_248 * 4096 / (989e12 * 0.6)
-    )
-    assert float(roof.step_time(1, 10_000)) == pytest.approx(
-        (15_009_849_344 + 10_000 * 131_072) / 2.68e12
-    )
-    assert roof.source == "roofline:H100 SXM"
+# Round constants for hand computation: 1 ms per target pass, 0.2 ms per head pass, 80 % of HBM.
+HAND = gpu_constants("H100 SXM").replace(
+    target_pass_s=1e-3, spec_step_s=0.5e-3, memory_efficiency=0.8, compute_efficiency=0.6, transition_p=2.0,
+    draft_pass_s={"eagle": 0.2e-3, "default": 0.3e-3}, allreduce_latency_s=1e-5, allreduce_bytes_per_s=1e11)
 
 
-@pytest.mark.parametrize("batch", [1, 8, 64])
-@pytest.mark.parametrize("context", [500, 2000])
-def test_roofline_agrees_with_published_h100_fit(batch, context):
-    """In the memory-bound range the roofline is within 20 % of the published measured fit (it takes
-    max(memory, compute) where the fit adds a per-token cost, so it reads low as batches grow)."""
-    roof = float(RooflineStepTime(H100, LLAMA_8B).step_time(batch, batch * context))
-    measured = float(H100_8B_PUBLISHED.predict(batch, batch * context))
-    assert roof == pytest.approx(measured, rel=0.20)
+def gpu_step(shape=LLAMA_8B, tp=1, **kw) -> GpuStepTime:
+    return GpuStepTime(H100, shape, HAND, tp, **kw)
+
+
+def test_a_target_pass_by_hand():
+    """H100 SXM, Llama-3.1-8B bf16, TP 1. Weights read per pass: (8,030,261,248 − 128,256·4,096 untied
+    input embedding) · 2 B = 15,009,849,344 B → 15,009,849,344 / (3.35e12 · 0.8) = 5.6007 ms; the
+    compute time of 1 token is 2 · 7,504,924,672 / (989e12 · 0.6) = 0.0253 ms; their p-norm plus 1 ms."""
+    step = gpu_step()
+    assert step.weight_bytes_per_step == 15_009_849_344
+    memory = 15_009_849_344 / 2.68e12
+    compute = 2 * (8_030_261_248 - 128_256 * 4096) / (989e12 * 0.6)
+    assert float(step.step_time(1, 0)) == pytest.approx(1e-3 + np.hypot(memory, compute))
+    assert step.source == "gpu-model:H100 SXM"
+
+
+def test_the_transition_is_smooth_not_max():
+    """Between the memory- and the compute-bound regime the pass costs more than the larger of the two
+    (both pipes are busy) and less than their sum."""
+    step = gpu_step()
+    for n in (1, 256, 2048, 8192):
+        mem, comp = float(step.memory_time(n, 0)), float(step.compute_time(n, 0))
+        t = float(step.step_time(n, 0)) - 1e-3
+        assert max(mem, comp) < t < mem + comp
+    # verifying k+1 tokens at batch 32 is no longer free (max() made it so until compute bound)
+    assert float(step.step_time(32 * 5, 32 * 500, 32)) > float(step.step_time(32, 32 * 500, 32)) * 1.01
+
+
+def test_attention_flops_grow_with_context():
+    step = gpu_step()
+    short = float(step.compute_time(64, 64 * 100, 64))
+    long = float(step.compute_time(64, 64 * 30_000, 64))
+    assert long > 2 * short  # 4·layers·heads·head_dim·n·context FLOPs
+
+
+def test_k_draft_passes_cost_k_fixed_costs():
+    """A chain head proposing k tokens runs k passes, each paying the head's fixed cost."""
+    head = ModelDraftCost(gpu_step(role="eagle"))
+    free = ModelDraftCost(GpuStepTime(H100, LLAMA_8B, HAND.replace(draft_pass_s={"eagle": 0.0}), role="eagle"))
+    ks = np.array([1, 2, 4, 7])
+    extra = head.draft_time(ks, np.array([1.0]), 500)[:, 0] - free.draft_time(ks, np.array([1.0]), 500)[:, 0]
+    assert extra == pytest.approx(ks * 0.2e-3)
+    assert gpu_step(role="draft_model").fixed_s == pytest.approx(0.3e-3)  # a method without its own value
+
+
+def test_model_free_proposers_cost_no_gpu_pass():
+    cost = ModelFreeDraftCost("ngram", cpu_seconds_per_seq=0.0)
+    assert np.all(cost.draft_time(np.array([1, 5]), np.array([1.0, 8.0]), 500) == 0)
+    pred = predict_costs(gpu_step(), cost, [3], [2.0], concurrency=[1], context_len=500)
+    # the speculative step is one verification pass plus the speculative step's own overhead
+    assert pred.t_spec[0, 0] == pytest.approx(pred.t_verify[0, 0] + 0.5e-3)
+
+
+def test_tensor_parallel_splits_weights_and_pays_all_reduce():
+    one, four = gpu_step(LLAMA_70B, 1), gpu_step(LLAMA_70B, 4)
+    assert four.weight_bytes_per_step == pytest.approx(one.weight_bytes_per_step / 4)
+    assert float(one.allreduce_time(8)) == 0.0
+    # 2 all-reduces per layer: latency + 2·(4−1)/4 · 8 tokens · 8192 hidden · 2 B ÷ 100 GB/s
+    per = 1e-5 + 1.5 * 8 * 8192 * 2 / 1e11
+    assert float(four.allreduce_time(8)) == pytest.approx(2 * 80 * per)
+
+
+def test_moe_reads_the_experts_its_tokens_touch():
+    config = {  # Mixtral-8x7B's architecture
+        "model_type": "mixtral", "hidden_size": 4096, "intermediate_size": 14336, "num_attention_heads": 32,
+        "num_hidden_layers": 32, "num_key_value_heads": 8, "vocab_size": 32000, "num_local_experts": 8,
+        "num_experts_per_tok": 2}
+    moe = ModelShape.from_config(config)
+    assert moe.touched_expert_fraction(1) == pytest.approx(2 / 8)
+    assert moe.touched_expert_fraction(2) == pytest.approx(1 - (6 / 8) ** 2)
+    assert moe.touched_expert_fraction(64) == pytest.approx(1.0, abs=1e-6)
+    step = gpu_step(moe)
+    one, many = step.weight_bytes_per_step, float(step.weight_bytes(64))
+    dense = (moe.streamed_params - moe.expert_params) * 2
+    assert one == pytest.approx(dense + moe.expert_params * 2 * 0.25)
+    assert many == pytest.approx(moe.streamed_params * 2, rel=1e-6)
+
+
+def test_eager_passes_pay_a_launch_cost_per_layer():
+    graphs, eager = gpu_step(), gpu_step(cuda_graphs=False)
+    assert eager.fixed_s - graphs.fixed_s == pytest.approx(32 * HAND.eager_layer_s)
+
+
+def test_quantized_weights_keep_embeddings_and_head_in_bf16():
+    fp8 = gpu_step(weight_dtype="fp8")
+    lm_head = 128_256 * 4096
+    matmuls = LLAMA_8B.streamed_params - lm_head - LLAMA_8B.norm_and_router_params
+    assert fp8.weight_bytes_per_step == pytest.approx(matmuls * 1 + (lm_head + LLAMA_8B.norm_and_router_params) * 2)
+    assert fp8.kv_bytes_per_token == gpu_step().kv_bytes_per_token  # KV "auto" is the activation dtype
 
 
 def test_70b_with_8b_draft_stops_paying_at_high_concurrency():
-    """Roofline, 4×H100 TP=4, Llama-3.1-70B target, Llama-3.1-8B draft, i.i.d. α = 0.8:
-    speculation pays at batch 1 and turns into a loss once verification is compute bound."""
-    target = RooflineStepTime(H100, LLAMA_70B, tensor_parallel_size=4)
-    draft = ModelDraftCost(RooflineStepTime(H100, LLAMA_8B, tensor_parallel_size=4))
+    """4×H100 TP=4, Llama-3.1-70B target, Llama-3.1-8B draft at TP 4, i.i.d. α = 0.8: speculation pays
+    at batch 1 and turns into a loss once verification is compute bound."""
+    target = gpu_step(LLAMA_70B, 4)
+    draft = ModelDraftCost(gpu_step(LLAMA_8B, 4, role="draft_model"))
     ks = [1, 2, 3, 4, 5]
     levels = [1, 4, 8, 16, 32, 64, 128, 256]
-    pred = predict_costs(
-        target, draft, ks, [iid_al(0.8, k) for k in ks], concurrency=levels, context_len=2000
-    )
-    assert np.all(pred.speedup[:, 0] > 1.5)
+    pred = predict_costs(target, draft, ks, [iid_al(0.8, k) for k in ks], concurrency=levels, context_len=2000)
+    assert np.all(pred.speedup[:, 0] > 1.2)
     assert np.all(np.diff(pred.speedup, axis=1) < 0)  # gains shrink as concurrency rises
     assert pred.speedup[ks.index(5), -1] < 1
-    be = pred.break_even[ks.index(5)]
-    assert be.status == "stops-paying" and be.first_losing_concurrency == 256
-    assert 128 < be.crossing_concurrency < 256
-    assert pred.source == "roofline:H100 SXM" and pred.draft_source == "roofline:H100 SXM"
+    assert pred.break_even[ks.index(5)].status == "stops-paying"
+    assert pred.source == "gpu-model:H100 SXM" and pred.draft_source == "gpu-model:H100 SXM"
     assert np.all(pred.off_speedup < 1)  # k = 0 in a schedule still runs the draft's first pass
 
 

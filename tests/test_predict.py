@@ -50,8 +50,9 @@ def test_json_has_an_entry_per_k_and_concurrency_with_the_documented_fields(mode
 
 
 def test_the_same_functions_as_rank(models):
-    """predict's numbers are predict_costs' on the target's roofline, as rank computes them."""
-    from draftfit.costmodel import ModelDraftCost, RooflineStepTime, predict_costs
+    """predict's numbers are predict_costs' on the GPU step model, as rank computes them."""
+    from draftfit.calibration import gpu_constants
+    from draftfit.costmodel import GpuStepTime, ModelDraftCost, predict_costs
     from draftfit.hardware import ModelShape, load_catalog, parse_hardware
     from draftfit.what_if import predict_what_if
 
@@ -60,8 +61,10 @@ def test_the_same_functions_as_rank(models):
     hw = parse_hardware("2x H100 SXM", catalog=load_catalog(), tensor_parallel_size=2)
     target = ModelShape.from_config(json.loads((DATA / "llama-3.1-70b-config.json").read_text()))
     draft = ModelShape.from_config(json.loads((DATA / "llama-3.1-8b-config.json").read_text()))
-    want = predict_costs(RooflineStepTime(hw.gpu, target, 2, "bf16", "bf16"),
-                         ModelDraftCost(RooflineStepTime(hw.gpu, draft, 2, "bf16", "bf16")), [2], [2.2], concurrency=[4],
+    constants = gpu_constants(hw.gpu.name)
+    want = predict_costs(GpuStepTime(hw.gpu, target, constants, 2, "bf16", "bf16"),
+                         ModelDraftCost(GpuStepTime(hw.gpu, draft, constants, 2, "bf16", "bf16", role="draft_model")),
+                         [2], [2.2], concurrency=[4],
                          context_len=125.0, prompt_len=100.0, output_len=50.0)
     assert got.entries[0]["speedup_predicted"] == pytest.approx(float(want.speedup[0, 0]))
 
@@ -128,5 +131,5 @@ def test_the_table_names_the_source_and_the_kv_capacity(models):
     result = run(models["target"], "--draft", models["draft"], "--k", "4", "--acceptance-rates", "0.8,0.6,0.5,0.4",
                  "--gpu", "H100 SXM", "--tensor-parallel-size", "4")
     assert result.exit_code == 0, result.output
-    assert "Predicted (roofline of 4x H100 SXM (TP=4); no model was run)" in result.output
+    assert "Predicted (step model of 4x H100 SXM (TP=4); no model was run)" in result.output
     assert "KV capacity" in result.output and "off" in result.output

@@ -120,19 +120,59 @@ def test_model_free_method_costs_nothing():
 
 
 def test_int4_draft_and_fp8_kv():
-    """int4 draft: 8,030,261,248 × (0.5 + 2/128) ÷ 4 = 1,035,150,864 B; fp8 KV halves both KV sizes:
-    (42,032,558,080 − 1,035,150,864) ÷ (40,960 + 16,384) = 714,938.04 → 714,938 tokens."""
+    """int4 draft: vLLM keeps the embeddings, LM head and norms (2 · 525,336,576 + 266,240 =
+    1,050,939,392 params) in bf16 and quantizes the other 6,979,321,856:
+    (6,979,321,856 × (0.5 + 2/128) + 1,050,939,392 × 2) ÷ 4 = 1,425,147,904 B; fp8 KV halves both KV
+    sizes: (42,032,558,080 − 1,425,147,904) ÷ (40,960 + 16,384) = 708,137.7 → 708,137 tokens."""
     hw = Hardware(H100, count=4, tensor_parallel_size=4)
     rep = vram_report(
         hw, LLAMA_70B, LLAMA_8B, draft_dtype="int4", kv_cache_dtype="fp8", max_model_len=32_768
     )
-    assert rep.draft_weight_bytes == 1_035_150_864
+    assert rep.draft_weight_bytes == 1_425_147_904
     assert (rep.kv_target_bytes_per_token, rep.kv_draft_bytes_per_token) == (40_960, 16_384)
-    assert rep.capacity_tokens_with_draft == 714_938
+    assert rep.capacity_tokens_with_draft == 708_137
 
 
 def test_weight_bytes_per_gpu():
-    assert weight_bytes_per_gpu(LLAMA_8B, "fp8", 2) == 8_030_261_248 / 2
+    """fp8 quantizes the matmuls (6,979,321,856 params at 1 B); embeddings, LM head and norms stay bf16."""
+    assert weight_bytes_per_gpu(LLAMA_8B, "fp8", 2) == (6_979_321_856 + 2 * 1_050_939_392) / 2
+    assert weight_bytes_per_gpu(LLAMA_8B, "bf16", 2) == 8_030_261_248
+
+
+def test_kv_cache_dtype_auto_is_the_activation_dtype_not_the_weights():
+    """An fp8-quantized target keeps a bf16 KV cache unless kv_cache_dtype says fp8 (vLLM's "auto")."""
+    hw = Hardware(H100, count=4, tensor_parallel_size=4)
+    auto = vram_report(hw, LLAMA_70B, None, target_dtype="fp8", max_model_len=8192)
+    fp8 = vram_report(hw, LLAMA_70B, None, target_dtype="fp8", kv_cache_dtype="fp8", max_model_len=8192)
+    assert auto.kv_target_bytes_per_token == 81_920 and fp8.kv_target_bytes_per_token == 40_960
+
+
+def test_the_non_kv_reserve_of_vllms_profile_run():
+    """The reserve is the profile run's peak activations at max_num_batched_tokens, the sampler's fp32
+    logits for max_num_seqs, CUDA graphs and (under TP) NCCL buffers — by hand for Llama-3.1-8B, TP 1:
+    8192 tokens · (2·4096 + (32+16)·128 + 3·14336) · 2 B = 8192 · 57,344 · 2 = 939,524,096 B;
+    logits 1024 · 128,256 · 8 B = 1,050,673,152 B; plus the CUDA-graph constant."""
+    from draftfit.calibration import gpu_constants
+    from draftfit.vram import activation_peak_bytes, non_kv_reserve_bytes
+
+    constants = gpu_constants("H100 SXM")
+    assert activation_peak_bytes(LLAMA_8B) == 939_524_096 + 1_050_673_152
+    assert non_kv_reserve_bytes(LLAMA_8B, constants) == 939_524_096 + 1_050_673_152 + constants.cuda_graph_bytes
+    tp2 = non_kv_reserve_bytes(LLAMA_8B, constants, 2)
+    assert tp2 == pytest.approx(activation_peak_bytes(LLAMA_8B, 2) + constants.cuda_graph_bytes
+                                + constants.non_torch_bytes_per_gpu_tp)
+    rep = vram_report(Hardware(H100), LLAMA_8B, None, max_model_len=8192, reserved_bytes=None)
+    plain = vram_report(Hardware(H100), LLAMA_8B, None, max_model_len=8192)
+    assert plain.capacity_tokens_baseline - rep.capacity_tokens_baseline == pytest.approx(
+        non_kv_reserve_bytes(LLAMA_8B, constants) / 131_072, abs=1)
+
+
+def test_the_draft_at_tp_1_holds_all_its_weights_and_kv_on_each_gpu():
+    hw = Hardware(H100, count=4, tensor_parallel_size=4)
+    same = vram_report(hw, LLAMA_70B, LLAMA_8B, max_model_len=8192)
+    one = vram_report(hw, LLAMA_70B, LLAMA_8B, max_model_len=8192, draft_tensor_parallel_size=1)
+    assert one.draft_weight_bytes == 4 * same.draft_weight_bytes
+    assert one.kv_draft_bytes_per_token == 4 * same.kv_draft_bytes_per_token
 
 
 @pytest.mark.parametrize(

@@ -49,8 +49,9 @@ def predict(target, draft, method, ks, acceptance_length, acceptance_rates, gpu,
     per-position rates (--acceptance-rates), or its mean acceptance length (--acceptance-length,
     which implies per-position rates under the i.i.d. assumption; the output says so). TARGET and
     DRAFT are model references; a directory holding only config.json suffices. Without --draft or
-    --method it predicts the baseline and the KV capacity. Every number is predicted (a roofline of
-    the catalog GPU, the cost model `rank` uses).
+    --method it predicts the baseline and the KV capacity. Every number is predicted (the step model of
+    the catalog GPU, the cost model `rank` uses; its constants' sources are in the JSON provenance,
+    and python benchmarks/published_gpu.py shows its error on published measurements).
 
     \b
     Examples:

@@ -123,7 +123,7 @@ def format_what_if(result) -> str:
     """`draftfit predict`'s table: one row per k, predicted speedup and ITL at each concurrency, then the memory."""
     entries = result.entries
     levels = sorted({e["concurrency"] for e in entries})
-    lines = ["Predicted (roofline of " + result.provenance["hardware"]["label"] + "; no model was run)"]
+    lines = ["Predicted (step model of " + result.provenance["hardware"]["label"] + "; no model was run)"]
     head = f"{'k':>4} {'AL':>6} " + " ".join(f"{'×@' + str(c):>8}" for c in levels) + "  ITL ms at each level"
     lines += [head, "-" * len(head)]
     base = {e["concurrency"]: e["itl_base_ms_predicted"] for e in entries}

@@ -93,7 +93,7 @@ class EngineSpec:
     draft_is_target: bool = False
 
 
-StepTimeOf = Callable[[str, "ModelShape"], Any]  # (draft fingerprint, shape) → costmodel.StepTime
+StepTimeOf = Callable[..., Any]  # (draft fingerprint, shape, role) → costmodel.StepTime; role: the method name
 
 
 class DraftMethod:
@@ -134,6 +134,15 @@ class DraftMethod:
 
     def cost(self, plan: PlannedDraft, step_time: StepTimeOf, *, trust_remote_code: bool = False) -> CostTerms:
         raise NotImplementedError(f"method {self.name} has no cost terms")
+
+    def draft_shape(self, config: dict[str, Any], name: str) -> ModelShape | None:
+        """The proposer's architecture for the step and VRAM models, from its ``config.json``
+        (``None``: no weights, no KV cache)."""
+        if self.model_free:
+            return None
+        from draftfit.hardware import ModelShape
+
+        return ModelShape.from_config(config, name=name)
 
     def deploy_extra(self, candidate: Candidate) -> dict[str, Any]:
         """Method fields of :class:`draftfit.deploy.SpecConfig` taken from the candidate file."""
@@ -192,6 +201,14 @@ class HeadMethod(DraftMethod):
         directory = model_dir(resolve(candidate.draft.model), trust_remote_code=trust_remote_code)
         config = {"method": self.name, "model": str(directory), "num_speculative_tokens": int(k)} | extra
         return EngineSpec(config, directory)
+
+
+def with_extra_params(shape: ModelShape, extra: float) -> ModelShape:
+    """``shape`` with ``extra`` parameters more (or fewer), all read on every pass."""
+    from dataclasses import replace
+
+    return replace(shape, params=shape.params + extra, active_params=shape.active_params + extra,
+                   params_source=f"{shape.params_source}, adjusted for the head's own layers")
 
 
 class ModelFreeMethod(DraftMethod):

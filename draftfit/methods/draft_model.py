@@ -83,12 +83,11 @@ class DraftModel(DraftMethod):
         import json
 
         from draftfit.costmodel import ModelDraftCost
-        from draftfit.hardware import ModelShape
         from draftfit.refs import fingerprint, metadata_dir
 
         config = json.loads((metadata_dir(plan.draft_ref, trust_remote_code=trust_remote_code) / "config.json").read_text())
-        shape = ModelShape.from_config(config, name=plan.draft_ref.name)
-        return CostTerms(ModelDraftCost(step_time(fingerprint(plan.draft_ref), shape)), shape, float(shape.params))
+        shape = self.draft_shape(config, plan.draft_ref.name)
+        return CostTerms(ModelDraftCost(step_time(fingerprint(plan.draft_ref), shape, self.name)), shape, float(shape.params))
 
     def engine_config(self, candidate, k, target_ref, extra, *, trust_remote_code=False) -> EngineSpec:
         from draftfit.refs import fingerprint, model_dir, resolve

@@ -483,13 +483,38 @@ def _figures(results: Results) -> dict[str, str | None]:
     return out
 
 
+def _constant_text(name: str, value: float) -> str:
+    if name.endswith("bytes_per_s"):
+        return f"{value / 1e9:g} GB/s"
+    if "bytes" in name:
+        return f"{value / 2**30:.2f} GiB"
+    if name.endswith("_s"):
+        return f"{value * 1e3:.3f} ms"
+    return f"{value:g}"
+
+
+def _step_constants(step_model: dict[str, Any]) -> list[tuple[str, str, str]]:
+    """(constant, value, source) rows of the GPU step model the speed predictions used."""
+    sources = step_model.get("sources") or {}
+    rows = []
+    for key, source in sources.items():
+        name, _, role = key.partition(".")
+        value = step_model.get(name)
+        if isinstance(value, dict):
+            value = value.get(role)
+        if isinstance(value, (int, float)):
+            rows.append((key, _constant_text(name, float(value)), source))
+    return rows
+
+
 def context(results: Results, *, figures: bool = True, results_path: str | os.PathLike | None = None) -> dict[str, Any]:
     """Everything the template shows, as plain data."""
     target = ((results.targets or [{}])[0].get("target") or {}) if results.targets else {}
     hardware = (results.provenance.get("hardware") or {}).get("gpu") or {}
     latency = results.study.get("latency_source")
+    step_model = results.provenance.get("step_model") or {}
     if latency == "roofline" and results.study.get("gpu"):
-        latency = f"roofline of {results.study.get('gpu')}"
+        latency = f"step model of {results.study.get('gpu')} (constants below, each with its source)"
     elif latency == "measured":
         latency = "measured step profile on this machine"
     primary = explore.primary_concurrency(results)
@@ -499,6 +524,7 @@ def context(results: Results, *, figures: bool = True, results_path: str | os.Pa
         "target": target,
         "hardware_name": hardware.get("name"),
         "latency": latency,
+        "step_constants": _step_constants(step_model),
         "primary": primary,
         "levels": explore.concurrency_levels(results),
         "sections": SECTIONS,
