@@ -51,6 +51,7 @@ class Entry(BaseModel):
     allreduce_bytes_per_s: Value
     cuda_graph_bytes: Value  # CUDA-graph memory vLLM's profile run subtracts from the KV budget
     non_torch_bytes_per_gpu_tp: Value  # NCCL and other non-torch memory per GPU when TP > 1
+    usable_memory_fraction: Value  # memory the driver reports (vLLM's total) ÷ the catalog's nominal memory
 
 
 class CalibrationFile(BaseModel):
@@ -76,6 +77,7 @@ class GpuConstants:
     allreduce_bytes_per_s: float
     cuda_graph_bytes: float
     non_torch_bytes_per_gpu_tp: float
+    usable_memory_fraction: float
     sources: dict[str, str] = field(default_factory=dict)
     entry: str = "default"  # which entry of the data file: the GPU's own or the default
 

@@ -201,6 +201,29 @@ class MeasuredStepTime:
         return {"source": self.source, "profile": self.profile.to_dict()}
 
 
+@dataclass(frozen=True)
+class OffsetStepTime:
+    """``step`` with ``offset_s`` added to every pass: a profile timed in-process, corrected to the
+    served engine's timed step (draftfit.spec_timing.ServedCorrection)."""
+
+    step: StepTime
+    offset_s: float
+
+    @property
+    def source(self) -> str:
+        return f"{self.step.source}+served-timing"
+
+    @property
+    def spec_step_s(self) -> float:
+        return float(getattr(self.step, "spec_step_s", 0.0))
+
+    def step_time(self, batched_tokens: Any, kv_tokens: Any, seqs: Any = None) -> np.ndarray:
+        return np.asarray(self.step.step_time(batched_tokens, kv_tokens, seqs), float) + self.offset_s
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**self.step.to_dict(), "source": self.source, "served_offset_s": self.offset_s}
+
+
 # --------------------------------------------------------------------------------------------
 # Draft costs
 # --------------------------------------------------------------------------------------------
@@ -307,6 +330,31 @@ class ModelFreeDraftCost:
         }
 
 
+@dataclass(frozen=True)
+class ScaledDraftCost:
+    """``cost`` with every proposer pass scaled by ``scale``: the profile's passes corrected to the
+    proposer's timed ones (draftfit.spec_timing.ServedCorrection)."""
+
+    cost: DraftCost
+    scale: float
+
+    @property
+    def source(self) -> str:
+        return f"{self.cost.source}+served-timing"
+
+    def draft_time(self, ks: np.ndarray, batch: np.ndarray, context_len: float) -> np.ndarray:
+        return self.scale * np.asarray(self.cost.draft_time(ks, batch, context_len), float)
+
+    def off_time(self, batch: np.ndarray, context_len: float) -> np.ndarray:
+        return self.scale * np.asarray(self.cost.off_time(batch, context_len), float)
+
+    def prefill_time(self, ks: np.ndarray, batch: np.ndarray, context_len: float, prompt_len: float) -> np.ndarray:
+        return self.scale * np.asarray(self.cost.prefill_time(ks, batch, context_len, prompt_len), float)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**self.cost.to_dict(), "served_scale": self.scale}
+
+
 # --------------------------------------------------------------------------------------------
 # Prediction
 # --------------------------------------------------------------------------------------------
@@ -352,7 +400,7 @@ class CostPrediction:
     t_verify: np.ndarray
     t_spec: np.ndarray
     t_off: np.ndarray
-    spec_overhead_s: float
+    spec_overhead_s: np.ndarray  # [k] what a speculative step adds beyond its passes
     source: str
     draft_source: str
     break_even: tuple[BreakEven, ...]
@@ -364,6 +412,7 @@ class CostPrediction:
     output_len: float | None = None
     i_base: np.ndarray | None = None  # [B] prefill interference per output token, baseline
     i_spec: np.ndarray | None = None  # [k, B] the same with speculation (target + draft prefill)
+    step_overhead_s: float = 0.0  # added to every step of the speculative engine
 
     def _interference(self) -> tuple[np.ndarray, np.ndarray]:
         zero = np.zeros(self.concurrency.shape)
@@ -435,7 +484,8 @@ class CostPrediction:
             "ks": self.ks.astype(int).tolist(),
             "concurrency": self.concurrency.astype(int).tolist(),
             "context_len": self.context_len,
-            "spec_overhead_s": self.spec_overhead_s,
+            "spec_overhead_s": arr(self.spec_overhead_s),
+            "step_overhead_s": self.step_overhead_s,
             "prompt_len": self.prompt_len,
             "output_len": self.output_len,
             "interference_base_s": arr(self._interference()[0]),
@@ -493,7 +543,8 @@ def predict_costs(
     context_len: float,
     al_low: Sequence[float] | None = None,
     al_high: Sequence[float] | None = None,
-    spec_overhead_s: float | None = None,
+    spec_overhead_s: float | Sequence[float] | None = None,
+    step_overhead_s: float = 0.0,
     draft_fraction: Sequence[float] | None = None,
     target_model: dict[str, Any] | None = None,
     draft_model: dict[str, Any] | None = None,
@@ -515,7 +566,8 @@ def predict_costs(
     interference of the module doc (none when ``output_len`` is not given).
 
     ``spec_overhead_s`` (default: the target step model's ``spec_step_s``) is what a speculative
-    step adds beyond its passes.
+    step adds beyond its passes: one value, or one per k. ``step_overhead_s`` is added to every step
+    of the speculative engine, drafted or not (a model-free proposer's timed host-side lookup).
     """
     if spec_overhead_s is None:
         spec_overhead_s = float(getattr(target, "spec_step_s", 0.0))
@@ -550,6 +602,7 @@ def predict_costs(
         raise DraftfitError(
             f"need one draft fraction per k (got {frac.size} for {k_arr.size} ks)", fix="Pass draft_fraction like ks"
         )
+    overhead = np.broadcast_to(np.asarray(spec_overhead_s, float), k_arr.shape)
     lo = np.asarray(al_low, float) if al_low is not None else al_arr.copy()
     hi = np.asarray(al_high, float) if al_high is not None else al_arr.copy()
 
@@ -561,7 +614,8 @@ def predict_costs(
             target.step_time(b[None, :] * (k_arr[:, None] + 1), kv[None, :], b[None, :]), float
         )
         t_draft = np.asarray(draft.draft_time(k_arr, b, context_len), float)
-        t_spec = frac[:, None] * (t_draft + t_verify + spec_overhead_s) + (1.0 - frac[:, None]) * t_base[None, :]
+        t_spec = (frac[:, None] * (t_draft + t_verify + overhead[:, None]) + (1.0 - frac[:, None]) * t_base[None, :]
+                  + step_overhead_s)
         return t_base, t_draft, t_verify, t_spec
 
     def interference(batch: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -602,7 +656,7 @@ def predict_costs(
         t_verify=t_verify,
         t_spec=t_spec,
         t_off=np.asarray(draft.off_time(levels.astype(float), context_len), float),
-        spec_overhead_s=float(spec_overhead_s),
+        spec_overhead_s=overhead.copy(),
         source=target.source,
         draft_source=draft.source,
         break_even=per_k,
@@ -613,6 +667,7 @@ def predict_costs(
         output_len=None if output_len is None else float(output_len),
         i_base=i_base,
         i_spec=i_spec,
+        step_overhead_s=float(step_overhead_s),
     )
 
 
@@ -632,6 +687,8 @@ __all__ = [
     "MeasuredStepTime",
     "ModelDraftCost",
     "ModelFreeDraftCost",
+    "OffsetStepTime",
+    "ScaledDraftCost",
     "GpuStepTime",
     "StepTime",
     "leviathan_speedup",

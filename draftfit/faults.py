@@ -35,6 +35,7 @@ STAGES = {
     "trajectories": "draftfit.pipeline.RankRun.run: target trajectories generated or loaded",
     "profile": "draftfit.pipeline.measured_profile: a model's step profile measured or loaded",
     "scoring": "draftfit.pipeline.RankRun._score: a draft's scores computed or loaded",
+    "spec_steps": "draftfit.pipeline.spec_step_timings: a candidate's speculative steps timed or loaded",
     "predict": "draftfit.pipeline.RankRun.run: predictions made, nothing written yet",
     "results": "draftfit.pipeline.RankRun.run: results.json and results.csv written, no report yet",
     "report": "draftfit.pipeline.RankRun.run: report.html written",

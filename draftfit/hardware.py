@@ -291,6 +291,7 @@ class ModelShape:
     num_experts: int = 0
     experts_per_token: int = 0
     expert_params: float = 0.0  # all routed experts of all layers (a MoE reads only those its tokens pick)
+    kv_latent_dim: int = 0  # multi-head latent attention (DeepSeek, MiniCPM3): cached elements per token per layer
     norm_and_router_params: float = 0.0  # what vLLM keeps unquantized besides embeddings and LM head
 
     @classmethod
@@ -325,6 +326,11 @@ class ModelShape:
         if cfg.get("multi_query") is True:  # falcon / gpt_bigcode style MQA
             kv_heads = 1
         head_dim = int(_first(cfg, "head_dim", default=hidden // heads))
+        latent = 0
+        if cfg.get("kv_lora_rank"):  # MLA caches one compressed latent plus the rope key per token
+            latent = int(cfg["kv_lora_rank"]) + int(cfg.get("qk_rope_head_dim") or 0)
+            # attention reads the latent for scores and values: 2·(kv_lora + rope/2) per head and token
+            head_dim = int(cfg["kv_lora_rank"]) + int(cfg.get("qk_rope_head_dim") or 0) // 2
         intermediate = int(
             _first(cfg, "intermediate_size", "n_inner", "ffn_dim", default=4 * hidden)
         )
@@ -370,6 +376,7 @@ class ModelShape:
             num_experts=n_experts,
             experts_per_token=per_token,
             expert_params=float(experts),
+            kv_latent_dim=latent,
             norm_and_router_params=float(small),
         )
 
@@ -419,7 +426,10 @@ class ModelShape:
     def kv_bytes_per_token(
         self, kv_dtype_bytes: float = 2.0, tensor_parallel_size: int = 1
     ) -> float:
-        """KV-cache bytes per token slot on one GPU: 2 (K and V) · layers · KV heads · head dim · bytes."""
+        """KV-cache bytes per token slot on one GPU: 2 (K and V) · layers · KV heads · head dim · bytes;
+        with multi-head latent attention, layers · latent dim · bytes on every GPU (not split by TP)."""
+        if self.kv_latent_dim:
+            return float(self.num_layers * self.kv_latent_dim * kv_dtype_bytes)
         return (
             2.0
             * self.num_layers
@@ -450,6 +460,12 @@ def _estimate_params(
     routed experts' share of the total, and the norms and routers."""
     q_dim, kv_dim = heads * head_dim, kv_heads * head_dim
     attn = hidden * q_dim + 2 * hidden * kv_dim + q_dim * hidden
+    if cfg.get("kv_lora_rank"):  # multi-head latent attention's low-rank projections
+        nope, rope = int(cfg.get("qk_nope_head_dim") or 0), int(cfg.get("qk_rope_head_dim") or 0)
+        v_dim = int(cfg.get("v_head_dim") or nope)
+        kv_lora, q_lora = int(cfg["kv_lora_rank"]), int(cfg.get("q_lora_rank") or 0)
+        q_proj = hidden * q_lora + q_lora * heads * (nope + rope) + q_lora if q_lora else hidden * heads * (nope + rope)
+        attn = q_proj + hidden * (kv_lora + rope) + kv_lora + kv_lora * heads * (nope + v_dim) + heads * v_dim * hidden
     if cfg.get("attention_bias") or model_type in _QKV_BIAS_FAMILIES:
         attn += q_dim + 2 * kv_dim
     if cfg.get("attention_bias"):

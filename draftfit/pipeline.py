@@ -39,8 +39,8 @@ Progress = Callable[[str], None]
 # lengths of decode steps, plus verification of k+1 tokens at the smallest and largest batch. The
 # batch sizes are capped and completed by the study's largest concurrency (profile_batch_sizes).
 PROFILE_PLANS = {
-    "standard": {"batch_sizes": (1, 8, 32), "context_lens": (128, 384), "repeats": 2, "verify_points": 3},
-    "quick": {"batch_sizes": (1, 4), "context_lens": (128, 256), "repeats": 1, "verify_points": 2},
+    "standard": {"batch_sizes": (1, 8, 32), "context_lens": (128, 384), "repeats": 2, "verify_points": 3, "spec_timing": True},
+    "quick": {"batch_sizes": (1, 4), "context_lens": (128, 256), "repeats": 1, "verify_points": 2, "spec_timing": True},
 }
 
 
@@ -124,6 +124,81 @@ def measured_profile(session: EngineSession, engine_fields: dict, plan: dict, vo
     return data
 
 
+def spec_step_timings(plan: PlannedDraft, target_ref: ModelRef, study: StudySettings, engine_config, engine_fields: dict,
+                      prompts: list[list[int]], progress: Progress, *, trust_remote_code: bool = False) -> list:
+    """Real speculative steps of the candidate at concurrency 1 (draftfit.spec_timing), at its
+    largest k: from the cache, else timed."""
+    import hashlib
+    import os
+    import platform
+
+    from draftfit.engines.vllm_engine import VLLMEngine, config_options
+    from draftfit.refs import model_dir
+    from draftfit.spec_timing import SpecStepTiming, spec_timing_ks, time_spec_steps
+    from draftfit.verify.selection import speculative_config
+
+    tokens = _spec_tokens(study)
+    ks = spec_timing_ks(plan.candidate.k)
+    out = []
+    for k in ks:
+        config = speculative_config(plan.candidate, k, target_ref, study, trust_remote_code=trust_remote_code)
+        raw = json.dumps({"target": fingerprint(target_ref), "spec": config.speculative_config, **engine_fields,
+                          "prompts": prompts, "tokens": tokens, "machine": platform.node(), "cpus": os.cpu_count()},
+                         sort_keys=True, default=str)
+        path = cache_subdir("spec_steps") / f"{hashlib.sha256(raw.encode()).hexdigest()[:20]}.json"
+        data = read_checked_json(path, what="speculative-step cache entry")
+        if isinstance(data, dict) and data.get("kind") == "measured":
+            out.append(SpecStepTiming.from_dict(data))
+            fault_point("spec_steps")
+            continue
+        progress(f"timing {plan.candidate.name}'s speculative steps at k={k}")
+        engine = VLLMEngine(model_dir(target_ref, trust_remote_code=trust_remote_code), progress=False,
+                            speculative_config=config.speculative_config, **config_options(engine_config))
+        with engine:
+            timing = time_spec_steps(engine.llm, engine.spec_counters, prompts, k, tokens=tokens)
+        write_checked_json(path, timing.to_dict())
+        out.append(timing)
+        fault_point("spec_steps")
+    return out
+
+
+def _spec_tokens(study: StudySettings) -> tuple[int, int]:
+    from draftfit.spec_timing import DEFAULT_TOKENS
+
+    m2 = min(DEFAULT_TOKENS[1], study.max_tokens)
+    return max(2, min(DEFAULT_TOKENS[0], m2 // 4)), m2
+
+
+def served_baseline_timing(target_ref: ModelRef, study: StudySettings, engine_config, engine_fields: dict,
+                           prompts: list[list[int]], progress: Progress, *, trust_remote_code: bool = False):
+    """The target's decode step at concurrency 1 in the served layout (its engine core in a process
+    of its own, no speculation): from the cache, else timed."""
+    import hashlib
+    import os
+    import platform
+
+    from draftfit.engines.vllm_engine import VLLMEngine, config_options
+    from draftfit.refs import model_dir
+    from draftfit.spec_timing import SpecStepTiming, time_spec_steps
+
+    tokens = _spec_tokens(study)
+    raw = json.dumps({"target": fingerprint(target_ref), "spec": None, **engine_fields, "prompts": prompts,
+                      "tokens": tokens, "machine": platform.node(), "cpus": os.cpu_count()}, sort_keys=True, default=str)
+    path = cache_subdir("spec_steps") / f"{hashlib.sha256(raw.encode()).hexdigest()[:20]}.json"
+    data = read_checked_json(path, what="speculative-step cache entry")
+    if isinstance(data, dict) and data.get("kind") == "measured":
+        fault_point("spec_steps")
+        return SpecStepTiming.from_dict(data)
+    progress("timing the target's served decode steps")
+    engine = VLLMEngine(model_dir(target_ref, trust_remote_code=trust_remote_code), progress=False, served_layout=True,
+                        **config_options(engine_config))
+    with engine:
+        timing = time_spec_steps(engine.llm, None, prompts, 0, tokens=tokens)
+    write_checked_json(path, timing.to_dict())
+    fault_point("spec_steps")
+    return timing
+
+
 def _is_measured_profile(data) -> bool:
     return isinstance(data, dict) and isinstance(data.get("profile"), dict) and data["profile"].get("kind") == "measured"
 
@@ -145,6 +220,9 @@ class RankRun:
     warnings: list[str] = field(default_factory=list)
     timings: dict[str, float] = field(default_factory=dict)
     step_model: dict | None = None  # the GPU step model's constants and their sources (roofline source)
+    spec_steps: dict = field(default_factory=dict)  # candidate → timed speculative steps (measured source)
+    served_base: Any = None  # the target's timed served decode step (measured source)
+    corrections: dict = field(default_factory=dict)  # candidate → ServedCorrection applied
     show_prompts: bool = False  # prompt text in warnings and progress lines (off: row numbers only)
     trust_remote_code: bool = False  # let model repositories run their own code
 
@@ -201,7 +279,8 @@ class RankRun:
         engine_fields = engine_config.key_fields()
         measured = study.latency_source == "measured"
         max_k = max(max(p.candidate.k) for p in plans)
-        plan = {**self.profile_plan, "max_k": max_k,
+        # the step profile's own part of the plan (spec_timing is the served steps' timing)
+        plan = {**{k: v for k, v in self.profile_plan.items() if k != "spec_timing"}, "max_k": max_k,
                 "batch_sizes": profile_batch_sizes(self.profile_plan["batch_sizes"], study.concurrency)}
         profiles: dict[str, dict] = {}
 
@@ -249,6 +328,35 @@ class RankRun:
             finally:
                 session.close()
 
+        # --- the served baseline and each candidate's speculative step at concurrency 1 ----------
+        spec_steps: dict[str, list] = {}
+        if measured and study.engine == "vllm" and self.profile_plan.get("spec_timing", True):
+            from draftfit.spec_timing import DEFAULT_PROMPTS
+
+            timing_prompts = prompt_ids[:DEFAULT_PROMPTS]
+            try:
+                self.served_base = served_baseline_timing(target_ref, study, engine_config, engine_fields, timing_prompts,
+                                                          self.progress, trust_remote_code=self.trust_remote_code)
+            except Exception as exc:  # noqa: BLE001 - the prediction then rests on the profiles alone, and says so
+                note = (f"the target's served decode steps could not be timed ({type(exc).__name__}); speeds rest on "
+                        "the in-process step profiles, which read high at concurrency 1")
+                self.progress(note)
+                self.warnings.append(note)
+            for p in plans:
+                if p.skip_reason:
+                    continue
+                try:
+                    spec_steps[p.candidate.name] = spec_step_timings(
+                        p, target_ref, study, engine_config, engine_fields, timing_prompts,
+                        self.progress, trust_remote_code=self.trust_remote_code)
+                except Exception as exc:  # noqa: BLE001 - the prediction then rests on the profiles alone, and says so
+                    note = (f"{p.candidate.name}: its speculative steps could not be timed ({type(exc).__name__}: "
+                            f"{str(exc).strip().splitlines()[0] if str(exc).strip() else ''}); its speed is predicted from "
+                            "the step profiles alone, which read high at concurrency 1")
+                    self.progress(note)
+                    self.warnings.append(note)
+        self.spec_steps = spec_steps
+
         self.progress("predicting acceptance, latency and memory")
         configs, rows = self._predict(plans, trajset, scores_by_fp, profiles, sample, target_ref, target_config)
         fault_point("predict")
@@ -274,7 +382,13 @@ class RankRun:
                 hardware=self.hardware.to_dict(),
             )
             | {"engine": engine_config.to_dict() | {"engine_id": engine_fields["engine"]}, "timings": self.timings}
-            | ({"step_model": self.step_model} if self.step_model else {}),
+            | ({"step_model": self.step_model} if self.step_model else {})
+            | ({"served_timing": {
+                "kind": "measured",
+                "baseline": self.served_base.to_dict() if self.served_base is not None else None,
+                "speculative": {name: [t.to_dict() for t in ts] for name, ts in self.spec_steps.items()},
+                "corrections": {name: c.to_dict() for name, c in self.corrections.items()},
+            }} if self.spec_steps or self.served_base is not None else {}),
             study=study.model_dump(mode="json"),
             candidates=[p.candidate.model_dump(mode="json") for p in plans],
             checks=[{"candidate": p.candidate.name, **p.check} for p in plans if p.check],
@@ -311,6 +425,30 @@ class RankRun:
         from draftfit.prompts.sampling import study_prompts
 
         return study_prompts(self.study, target_meta, show_prompts=self.show_prompts)
+
+    def _served(self, candidate, method, target_step, draft_cost, context_len):
+        """The candidate's cost terms corrected by the timed served steps (draftfit.spec_timing):
+        (target step, proposer cost, per-step overhead); unchanged when nothing was timed."""
+        from draftfit.costmodel import OffsetStepTime, ScaledDraftCost, predict_costs
+        from draftfit.spec_timing import served_correction
+
+        timings = self.spec_steps.get(candidate.name)
+        if not timings and self.served_base is None:
+            return target_step, draft_cost, 0.0
+        if not timings:
+            offset = self.served_base.seconds_per_step - float(target_step.step_time(1, context_len, 1))
+            return OffsetStepTime(target_step, offset), draft_cost, 0.0
+
+        def parts(k: int) -> tuple[float, float, float]:
+            bare = predict_costs(target_step, draft_cost, [max(k, 1)], [1.0], concurrency=[1], context_len=context_len,
+                                 spec_overhead_s=0.0)
+            return float(bare.t_base[0]), float(bare.t_verify[0, 0]), float(bare.t_draft[0, 0])
+
+        correction = served_correction(self.served_base, timings[-1], parts, model_free=method.model_free)
+        self.corrections[candidate.name] = correction
+        target = OffsetStepTime(target_step, correction.base_offset_s)
+        draft = draft_cost if correction.draft_scale == 1.0 else ScaledDraftCost(draft_cost, correction.draft_scale)
+        return target, draft, correction.step_overhead_s
 
     def _score(self, trajset, draft_ref: ModelRef, engine_config, session: EngineSession):
         from draftfit.draft_scoring import score_draft
@@ -407,8 +545,10 @@ class RankRun:
             per_step, fraction = decode_steps(point, out_lens)
             scale = per_step / np.where(al > 0, al, 1.0)
             kmax = np.array(ks) + 1.0
+            served_target, draft_cost, step_overhead = self._served(c, method, target_step, draft_cost, context_len)
             prediction = predict_costs(
-                target_step, draft_cost, ks, np.clip(per_step, 1.0, kmax), concurrency=study.concurrency,
+                served_target, draft_cost, ks, np.clip(per_step, 1.0, kmax), concurrency=study.concurrency,
+                step_overhead_s=step_overhead,
                 context_len=context_len, al_low=np.clip(al_low * scale, 1.0, kmax), al_high=np.clip(al_high * scale, 1.0, kmax),
                 draft_fraction=fraction, prompt_len=float(np.mean(prompt_lens)), output_len=float(np.mean(out_lens)),
             )
@@ -471,7 +611,8 @@ class RankRun:
                         )
                         for j, level in enumerate(prediction.concurrency)
                     ],
-                    "cost": {"draft": draft_cost.to_dict(), "target": target_step.to_dict(), "context_len": context_len},
+                    "cost": {"draft": draft_cost.to_dict(), "target": served_target.to_dict(), "context_len": context_len,
+                             "step_overhead_s": step_overhead},
                 }))
         return configs, rows
 

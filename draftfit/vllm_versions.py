@@ -7,6 +7,9 @@ from draftfit.errors import DraftfitError
 
 # The V1 engine refused separate draft models in these releases (NotImplementedError).
 V1_NO_DRAFT = ((0, 10, 0), (0, 15, 0))
+# From this release the profile run subtracts CUDA-graph memory from the KV budget by default
+# (VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS=1; v1/worker/gpu_worker.py says "default since v0.21.0").
+CUDA_GRAPH_MEMORY_IN_RESERVE = (0, 21, 0)
 
 
 def installed_vllm_version() -> str | None:

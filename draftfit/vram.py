@@ -82,13 +82,24 @@ DEFAULT_MAX_NUM_SEQS = 1024
 SAMPLER_LOGIT_BYTES = 4 * 2  # fp32 logits and the probabilities computed from them
 
 
+def serve_defaults(gpu_name: str, memory_bytes: float) -> tuple[int, int]:
+    """``vllm serve``'s default (max_num_batched_tokens, max_num_seqs) on a GPU, as vLLM's
+    engine arguments choose them: ≥ 160 GiB → 16384 / 1024; ≥ 70 GiB and not an A100 → 8192 / 1024;
+    otherwise 2048 / 256."""
+    if memory_bytes >= 160 * GIB:
+        return 16384, 1024
+    if memory_bytes >= 70 * GIB and "a100" not in gpu_name.lower():
+        return 8192, 1024
+    return 2048, 256
+
+
 def activation_peak_bytes(shape: ModelShape, tensor_parallel_size: int = 1, *,
                           max_num_batched_tokens: int = DEFAULT_MAX_NUM_BATCHED_TOKENS,
                           max_num_seqs: int = DEFAULT_MAX_NUM_SEQS, activation_dtype: str = "bf16") -> float:
     """Peak activation memory of vLLM's profile run on one GPU: a forward over
     ``max_num_batched_tokens`` tokens (residual and hidden state, q/k/v, the MLP's gate-up and
     activation — a MoE's for every expert a token picks) and the sampler's fp32 logits for
-    ``max_num_seqs`` sequences."""
+    ``max_num_seqs`` sequences over the whole vocabulary (every rank samples from gathered logits)."""
     tp = tensor_parallel_size
     h = shape.hidden_size
     qkv = (shape.num_heads + 2 * shape.num_kv_heads) * shape.head_dim / tp
@@ -98,15 +109,18 @@ def activation_peak_bytes(shape: ModelShape, tensor_parallel_size: int = 1, *,
     else:
         mlp = 3 * shape.intermediate_size / tp
     forward = max_num_batched_tokens * (2 * h + qkv + mlp) * dtype_bytes(activation_dtype)
-    sampler = max_num_seqs * shape.vocab_size / tp * SAMPLER_LOGIT_BYTES
+    sampler = max_num_seqs * shape.vocab_size * SAMPLER_LOGIT_BYTES
     return float(forward + sampler)
 
 
-def non_kv_reserve_bytes(shape: ModelShape, constants, tensor_parallel_size: int = 1, **activation) -> float:
+def non_kv_reserve_bytes(shape: ModelShape, constants, tensor_parallel_size: int = 1, *,
+                         cuda_graphs: bool = True, **activation) -> float:
     """What vLLM's profile run keeps from the KV budget besides weights (see the module doc);
-    ``constants`` are the GPU's (:class:`draftfit.calibration.GpuConstants`)."""
+    ``constants`` are the GPU's (:class:`draftfit.calibration.GpuConstants`). ``cuda_graphs``:
+    whether the vLLM release subtracts CUDA-graph memory (from 0.21 on, by default)."""
     non_torch = constants.non_torch_bytes_per_gpu_tp if tensor_parallel_size > 1 else 0.0
-    return activation_peak_bytes(shape, tensor_parallel_size, **activation) + constants.cuda_graph_bytes + non_torch
+    graphs = constants.cuda_graph_bytes if cuda_graphs else 0.0
+    return activation_peak_bytes(shape, tensor_parallel_size, **activation) + graphs + non_torch
 
 
 @dataclass(frozen=True)
@@ -227,8 +241,9 @@ def vram_report(
     activation_dtype: str = "bf16",
     draft_tensor_parallel_size: int | None = None,
     constants=None,
-    max_num_batched_tokens: int = DEFAULT_MAX_NUM_BATCHED_TOKENS,
-    max_num_seqs: int = DEFAULT_MAX_NUM_SEQS,
+    max_num_batched_tokens: int | None = None,
+    max_num_seqs: int | None = None,
+    vllm_version: str | None = None,
 ) -> VramReport:
     """Predict per-GPU memory, KV capacity lost to the draft, and fit / no-fit.
 
@@ -236,7 +251,10 @@ def vram_report(
     the target's KV-cache dtype (vLLM's draft inherits ``kv_cache_dtype``); ``kv_cache_dtype=None``
     means vLLM's ``auto``: the activation dtype. ``tokens_per_seq`` (default ``max_model_len``) is
     the length each of ``concurrency`` sequences must be able to reach. ``reserved_bytes=None``
-    computes vLLM's non-KV reserve (:func:`non_kv_reserve_bytes`, with ``constants`` of the GPU).
+    computes vLLM's non-KV reserve (:func:`non_kv_reserve_bytes`, with ``constants`` of the GPU,
+    ``vllm serve``'s batch defaults for this GPU unless given, and CUDA graphs in the reserve unless
+    ``vllm_version`` is older than 0.21). The budget is ``gpu_memory_utilization`` of the memory the
+    driver reports (``constants.usable_memory_fraction`` of the catalog's).
     """
     if not 0 < gpu_memory_utilization <= 1:
         raise DraftfitError(
@@ -254,12 +272,18 @@ def vram_report(
     budget = gpu_memory_utilization * hardware.gpu.memory_bytes
     kv_bytes = dtype_bytes(kv_cache_dtype if kv_cache_dtype not in (None, "auto") else activation_dtype)
     if reserved_bytes is None:
+        from draftfit.vllm_versions import CUDA_GRAPH_MEMORY_IN_RESERVE, parse_version
+
         if constants is None:
             from draftfit.calibration import gpu_constants
 
             constants = gpu_constants(hardware.gpu.name)
-        reserved_bytes = non_kv_reserve_bytes(target, constants, tp, max_num_batched_tokens=max_num_batched_tokens,
-                                              max_num_seqs=max_num_seqs, activation_dtype=activation_dtype)
+        budget *= constants.usable_memory_fraction
+        tokens, seqs = serve_defaults(hardware.gpu.name, hardware.gpu.memory_bytes)
+        graphs = vllm_version is None or parse_version(vllm_version) >= CUDA_GRAPH_MEMORY_IN_RESERVE
+        reserved_bytes = non_kv_reserve_bytes(target, constants, tp, cuda_graphs=graphs,
+                                              max_num_batched_tokens=max_num_batched_tokens or tokens,
+                                              max_num_seqs=max_num_seqs or seqs, activation_dtype=activation_dtype)
 
     target_w = weight_bytes_per_gpu(target, target_dtype, tp, activation_dtype)
     kv_t = target.kv_bytes_per_token(kv_bytes, tp)
@@ -320,6 +344,7 @@ __all__ = [
     "INT4_SCALE_BYTES_PER_PARAM",
     "activation_peak_bytes",
     "non_kv_reserve_bytes",
+    "serve_defaults",
     "VramReport",
     "dtype_bytes",
     "vram_report",

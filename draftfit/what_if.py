@@ -118,10 +118,11 @@ class WhatIf:
 def calibration_note(constants, *, concurrency: int, tensor_parallel_size: int) -> str:
     """What the prediction's constants rest on, and where they are untested."""
     where = ("its own published points" if constants.entry != "default"
-             else "published H100 SXM / A100 40GB measurements (fixed costs transferred to other GPUs)")
+             else "published H100 SXM / A100 measurements (fixed costs transferred to other GPUs; errors on held-out "
+                  "points: benchmarks/published_gpu.py)")
     untested = []
-    if concurrency > 1:
-        untested.append("concurrency > 1 (compute efficiency and the memory→compute transition are assumptions)")
+    if concurrency > 10:
+        untested.append("concurrency > 10 (compute efficiency and the memory→compute transition are assumptions)")
     if tensor_parallel_size > 1:
         untested.append("TP > 1 (all-reduce cost is an assumption)")
     note = f"step model of {constants.gpu}: constants fitted on {where}, see provenance.cost_model.constants.sources"

@@ -56,6 +56,7 @@ CASES = (
     FaultCase("trajectories", "raise", remove=("trajectories", "scores"), faulted_engines=1, restart_engines=1),
     FaultCase("profile", "raise"),
     FaultCase("scoring", "kill", remove=("scores",)),
+    FaultCase("spec_steps", "raise"),
     FaultCase("predict", "raise"),
     FaultCase("results", "kill"),
     FaultCase("report", "raise"),

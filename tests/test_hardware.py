@@ -305,3 +305,17 @@ def test_profile_round_trips_through_dict():
     )
     again = type(prof).from_dict(json.loads(json.dumps(prof.to_dict())))
     assert again == prof
+
+
+def test_multi_head_latent_attention_caches_one_latent_per_token():
+    """MiniCPM3-4B (MLA): the cache holds kv_lora_rank + qk_rope_head_dim = 256 + 32 elements per
+    layer and token on every GPU: 62 · 288 · 2 B = 35,712 B, at any TP."""
+    config = {"model_type": "minicpm3", "hidden_size": 2560, "num_hidden_layers": 62, "num_attention_heads": 40,
+              "num_key_value_heads": 40, "intermediate_size": 6400, "vocab_size": 73448, "q_lora_rank": 768,
+              "kv_lora_rank": 256, "qk_nope_head_dim": 64, "qk_rope_head_dim": 32, "tie_word_embeddings": True}
+    shape = ModelShape.from_config(config)
+    assert shape.kv_bytes_per_token(2.0, 1) == 62 * 288 * 2 == shape.kv_bytes_per_token(2.0, 4)
+    # q: 2560·768 + 768 + 768·40·96; kv: 2560·288 + 256 + 256·40·128; o: 40·64·2560
+    attention = 2560 * 768 + 768 + 768 * 40 * 96 + 2560 * 288 + 256 + 256 * 40 * 128 + 40 * 64 * 2560
+    mlp = 3 * 2560 * 6400
+    assert shape.params == 73448 * 2560 + 2560 + 62 * (attention + mlp + 2 * 2560)

@@ -54,6 +54,25 @@ def test_rank_writes_results_and_prints_the_ranking(measured_run):
 
 @pytest.mark.slow
 @pytest.mark.engine
+def test_the_measured_path_times_the_served_steps(measured_run):
+    """The served baseline and every candidate's speculative step at its largest k are timed, and the
+    correction they give is recorded and used (draftfit.spec_timing)."""
+    _, data, _ = measured_run
+    served = data["provenance"]["served_timing"]
+    assert served["kind"] == "measured" and served["baseline"]["seconds_per_step"] > 0
+    assert set(served["speculative"]) == set(served["corrections"]) == {"ngram-2-4", "self-draft", "early-exit-4"}
+    for name, timings in served["speculative"].items():
+        assert [t["k"] for t in timings] == [3] and timings[0]["steps"] > 0, name
+        correction = served["corrections"][name]
+        assert correction["base_offset_s"] == pytest.approx(served["baseline"]["seconds_per_step"]
+                                                           - data["targets"][0]["profile"]["profile"]["a"], abs=0.05)
+    assert served["corrections"]["ngram-2-4"]["draft_scale"] == 1.0  # no proposer passes to scale
+    self_draft = next(c for c in data["configs"] if c["candidate"] == "self-draft")
+    assert "served-timing" in json.dumps(self_draft["cost"])
+
+
+@pytest.mark.slow
+@pytest.mark.engine
 def test_results_name_models_as_the_user_deploys_them(measured_run):
     """No cache path of this machine in the deploy command or the configurations: the target as
     exported from `smollm2`, derived drafts as exported from it, each with the export command."""

@@ -161,10 +161,9 @@ def test_the_non_kv_reserve_of_vllms_profile_run():
     tp2 = non_kv_reserve_bytes(LLAMA_8B, constants, 2)
     assert tp2 == pytest.approx(activation_peak_bytes(LLAMA_8B, 2) + constants.cuda_graph_bytes
                                 + constants.non_torch_bytes_per_gpu_tp)
-    rep = vram_report(Hardware(H100), LLAMA_8B, None, max_model_len=8192, reserved_bytes=None)
-    plain = vram_report(Hardware(H100), LLAMA_8B, None, max_model_len=8192)
-    assert plain.capacity_tokens_baseline - rep.capacity_tokens_baseline == pytest.approx(
-        non_kv_reserve_bytes(LLAMA_8B, constants) / 131_072, abs=1)
+    rep = vram_report(Hardware(H100), LLAMA_8B, None, max_model_len=8192, reserved_bytes=None,
+                      max_num_batched_tokens=8192, max_num_seqs=1024)
+    assert rep.reserved_bytes == non_kv_reserve_bytes(LLAMA_8B, constants)
 
 
 def test_the_draft_at_tp_1_holds_all_its_weights_and_kv_on_each_gpu():
@@ -194,3 +193,30 @@ def test_report_serializes():
     data = json.loads(json.dumps(rep.to_dict()))
     assert data["kind"] == "predicted" and data["source"] == "vram-model:H100 SXM"
     assert data["tokens_lost"] == 0
+
+
+def test_vllm_serve_batch_defaults_follow_the_gpu():
+    """vLLM's engine arguments: ≥ 160 GiB → 16384 / 1024, ≥ 70 GiB and not an A100 → 8192 / 1024,
+    otherwise 2048 / 256 (max_num_batched_tokens / max_num_seqs of `vllm serve`)."""
+    from draftfit.vram import serve_defaults
+
+    catalog = load_catalog()
+    assert serve_defaults("B200", catalog.get("B200").memory_bytes) == (16384, 1024)
+    assert serve_defaults("H100 SXM", catalog.get("H100 SXM").memory_bytes) == (8192, 1024)
+    assert serve_defaults("A100 80GB SXM", catalog.get("A100 80GB SXM").memory_bytes) == (2048, 256)
+    assert serve_defaults("L4", catalog.get("L4").memory_bytes) == (2048, 256)
+
+
+def test_the_budget_is_the_memory_the_driver_reports_and_graphs_follow_the_release():
+    from draftfit.calibration import gpu_constants
+    from draftfit.vram import non_kv_reserve_bytes
+
+    constants = gpu_constants("H100 SXM")
+    hw = Hardware(H100)
+    new = vram_report(hw, LLAMA_8B, None, max_model_len=8192, reserved_bytes=None, vllm_version="0.32.0")
+    old = vram_report(hw, LLAMA_8B, None, max_model_len=8192, reserved_bytes=None, vllm_version="0.10.1")
+    assert old.reserved_bytes - new.reserved_bytes == pytest.approx(-constants.cuda_graph_bytes)
+    assert new.reserved_bytes == pytest.approx(non_kv_reserve_bytes(LLAMA_8B, constants, 1, max_num_batched_tokens=8192,
+                                                                     max_num_seqs=1024))
+    free = 0.9 * H100.memory_bytes * constants.usable_memory_fraction - new.target_weight_bytes - new.reserved_bytes
+    assert new.capacity_tokens_baseline == int(free // new.kv_target_bytes_per_token)

@@ -344,10 +344,12 @@ class VLLMEngine(Engine):
         max_logprobs: int = DEFAULT_MAX_LOGPROBS,
         progress: bool = True,
         debug: bool = False,
+        served_layout: bool = False,
         **options: Any,
     ) -> None:
         """``options``: :func:`engine_kwargs`' arguments (dtype, memory, lengths, parallelism,
-        ``speculative_config``) and any other ``vllm.LLM`` keyword."""
+        ``speculative_config``) and any other ``vllm.LLM`` keyword. ``served_layout``: the engine
+        core in a process of its own, as `vllm serve` runs it (a speculative engine always is)."""
         super().__init__()
         start = time.perf_counter()
         vllm = import_vllm(debug)  # counted as start-up: importing vLLM takes seconds
@@ -361,7 +363,7 @@ class VLLMEngine(Engine):
         self._options = {k: v for k, v in kwargs.items() if k != "model"}
         self._version = vllm.__version__
         self._processes = EngineProcesses()
-        place_engine_core(in_process=not self._speculative)
+        place_engine_core(in_process=not (self._speculative or served_layout))
         with self.timed("startup"):
             try:
                 self._llm = vllm.LLM(**kwargs)
