@@ -137,7 +137,7 @@ def spec_step_timings(plan: PlannedDraft, target_ref: ModelRef, study: StudySett
     from draftfit.spec_timing import SpecStepTiming, spec_timing_ks, time_spec_steps
     from draftfit.verify.selection import speculative_config
 
-    tokens = _spec_tokens(study)
+    tokens = _spec_tokens(study, prompts)
     ks = spec_timing_ks(plan.candidate.k)
     out = []
     for k in ks:
@@ -162,11 +162,14 @@ def spec_step_timings(plan: PlannedDraft, target_ref: ModelRef, study: StudySett
     return out
 
 
-def _spec_tokens(study: StudySettings) -> tuple[int, int]:
+def _spec_tokens(study: StudySettings, prompts: list[list[int]]) -> tuple[int, int]:
+    """Tokens of the two differenced runs: as many as fit beside the longest timing prompt (up to
+    DEFAULT_TOKENS[1]), so a draft accepted at every position still leaves enough steps to time."""
     from draftfit.spec_timing import DEFAULT_TOKENS
 
-    m2 = min(DEFAULT_TOKENS[1], study.max_tokens)
-    return max(2, min(DEFAULT_TOKENS[0], m2 // 4)), m2
+    room = study.max_model_len - max((len(p) for p in prompts), default=0) - 1
+    m2 = max(2, min(DEFAULT_TOKENS[1], room))
+    return max(1, min(DEFAULT_TOKENS[0], m2 // 4)), m2
 
 
 def served_baseline_timing(target_ref: ModelRef, study: StudySettings, engine_config, engine_fields: dict,
@@ -181,7 +184,7 @@ def served_baseline_timing(target_ref: ModelRef, study: StudySettings, engine_co
     from draftfit.refs import model_dir
     from draftfit.spec_timing import SpecStepTiming, time_spec_steps
 
-    tokens = _spec_tokens(study)
+    tokens = _spec_tokens(study, prompts)
     raw = json.dumps({"target": fingerprint(target_ref), "spec": None, **engine_fields, "prompts": prompts,
                       "tokens": tokens, "machine": platform.node(), "cpus": os.cpu_count()}, sort_keys=True, default=str)
     path = cache_subdir("spec_steps") / f"{hashlib.sha256(raw.encode()).hexdigest()[:20]}.json"

@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-DEFAULT_TOKENS = (8, 40)
+DEFAULT_TOKENS = (8, 128)
 DEFAULT_PROMPTS = 3
 
 
