@@ -113,15 +113,10 @@ def predict(point: Point, constants: GpuConstants) -> tuple[float, float]:
 
 
 def _with(constants: GpuConstants, values: dict[str, float]) -> GpuConstants:
-    data = dict(constants.__dict__)
-    drafts = dict(data["draft_pass_s"])
-    for name, value in values.items():
-        if name.startswith("draft_pass_s."):
-            drafts[name.split(".", 1)[1]] = value
-        else:
-            data[name] = value
-    data["draft_pass_s"] = drafts
-    return GpuConstants(**data)
+    """``constants`` with ``values`` changed; ``draft_pass_s.<method>`` names one proposer's pass."""
+    drafts = {name.split(".", 1)[1]: v for name, v in values.items() if name.startswith("draft_pass_s.")}
+    plain = {name: v for name, v in values.items() if not name.startswith("draft_pass_s.")}
+    return constants.replace(**plain, **({"draft_pass_s": {**constants.draft_pass_s, **drafts}} if drafts else {}))
 
 
 def fit(points: list[Point], base: GpuConstants) -> dict[str, float]:

@@ -400,7 +400,7 @@ class CostPrediction:
     t_verify: np.ndarray
     t_spec: np.ndarray
     t_off: np.ndarray
-    spec_overhead_s: np.ndarray  # [k] what a speculative step adds beyond its passes
+    spec_overhead_s: float
     source: str
     draft_source: str
     break_even: tuple[BreakEven, ...]
@@ -484,7 +484,7 @@ class CostPrediction:
             "ks": self.ks.astype(int).tolist(),
             "concurrency": self.concurrency.astype(int).tolist(),
             "context_len": self.context_len,
-            "spec_overhead_s": arr(self.spec_overhead_s),
+            "spec_overhead_s": self.spec_overhead_s,
             "step_overhead_s": self.step_overhead_s,
             "prompt_len": self.prompt_len,
             "output_len": self.output_len,
@@ -543,7 +543,7 @@ def predict_costs(
     context_len: float,
     al_low: Sequence[float] | None = None,
     al_high: Sequence[float] | None = None,
-    spec_overhead_s: float | Sequence[float] | None = None,
+    spec_overhead_s: float | None = None,
     step_overhead_s: float = 0.0,
     draft_fraction: Sequence[float] | None = None,
     target_model: dict[str, Any] | None = None,
@@ -566,7 +566,7 @@ def predict_costs(
     interference of the module doc (none when ``output_len`` is not given).
 
     ``spec_overhead_s`` (default: the target step model's ``spec_step_s``) is what a speculative
-    step adds beyond its passes: one value, or one per k. ``step_overhead_s`` is added to every step
+    step adds beyond its passes. ``step_overhead_s`` is added to every step
     of the speculative engine, drafted or not (a model-free proposer's timed host-side lookup).
     """
     if spec_overhead_s is None:
@@ -602,7 +602,6 @@ def predict_costs(
         raise DraftfitError(
             f"need one draft fraction per k (got {frac.size} for {k_arr.size} ks)", fix="Pass draft_fraction like ks"
         )
-    overhead = np.broadcast_to(np.asarray(spec_overhead_s, float), k_arr.shape)
     lo = np.asarray(al_low, float) if al_low is not None else al_arr.copy()
     hi = np.asarray(al_high, float) if al_high is not None else al_arr.copy()
 
@@ -614,7 +613,7 @@ def predict_costs(
             target.step_time(b[None, :] * (k_arr[:, None] + 1), kv[None, :], b[None, :]), float
         )
         t_draft = np.asarray(draft.draft_time(k_arr, b, context_len), float)
-        t_spec = (frac[:, None] * (t_draft + t_verify + overhead[:, None]) + (1.0 - frac[:, None]) * t_base[None, :]
+        t_spec = (frac[:, None] * (t_draft + t_verify + spec_overhead_s) + (1.0 - frac[:, None]) * t_base[None, :]
                   + step_overhead_s)
         return t_base, t_draft, t_verify, t_spec
 
@@ -656,7 +655,7 @@ def predict_costs(
         t_verify=t_verify,
         t_spec=t_spec,
         t_off=np.asarray(draft.off_time(levels.astype(float), context_len), float),
-        spec_overhead_s=overhead.copy(),
+        spec_overhead_s=float(spec_overhead_s),
         source=target.source,
         draft_source=draft.source,
         break_even=per_k,

@@ -124,41 +124,53 @@ def measured_profile(session: EngineSession, engine_fields: dict, plan: dict, vo
     return data
 
 
-def spec_step_timings(plan: PlannedDraft, target_ref: ModelRef, study: StudySettings, engine_config, engine_fields: dict,
-                      prompts: list[list[int]], progress: Progress, *, trust_remote_code: bool = False) -> list:
-    """Real speculative steps of the candidate at concurrency 1 (draftfit.spec_timing), at its
-    largest k: from the cache, else timed."""
+def _timed_steps(target_ref: ModelRef, speculative: dict | None, k: int, study: StudySettings, engine_config,
+                 engine_fields: dict, prompts: list[list[int]], progress: Progress, label: str, *,
+                 trust_remote_code: bool = False):
+    """Decode steps at concurrency 1 in the served layout (draftfit.spec_timing) of the target
+    with ``speculative`` (``None``: no speculation, its engine core in a process of its own):
+    from the cache, else timed."""
     import hashlib
     import os
     import platform
 
     from draftfit.engines.vllm_engine import VLLMEngine, config_options
     from draftfit.refs import model_dir
-    from draftfit.spec_timing import SpecStepTiming, spec_timing_ks, time_spec_steps
-    from draftfit.verify.selection import speculative_config
+    from draftfit.spec_timing import SpecStepTiming, time_spec_steps
 
     tokens = _spec_tokens(study, prompts)
-    ks = spec_timing_ks(plan.candidate.k)
-    out = []
-    for k in ks:
-        config = speculative_config(plan.candidate, k, target_ref, study, trust_remote_code=trust_remote_code)
-        raw = json.dumps({"target": fingerprint(target_ref), "spec": config.speculative_config, **engine_fields,
-                          "prompts": prompts, "tokens": tokens, "machine": platform.node(), "cpus": os.cpu_count()},
-                         sort_keys=True, default=str)
-        path = cache_subdir("spec_steps") / f"{hashlib.sha256(raw.encode()).hexdigest()[:20]}.json"
-        data = read_checked_json(path, what="speculative-step cache entry")
-        if isinstance(data, dict) and data.get("kind") == "measured":
-            out.append(SpecStepTiming.from_dict(data))
-            fault_point("spec_steps")
-            continue
-        progress(f"timing {plan.candidate.name}'s speculative steps at k={k}")
+    raw = json.dumps({"target": fingerprint(target_ref), "spec": speculative, **engine_fields, "prompts": prompts,
+                      "tokens": tokens, "machine": platform.node(), "cpus": os.cpu_count()}, sort_keys=True, default=str)
+    path = cache_subdir("spec_steps") / f"{hashlib.sha256(raw.encode()).hexdigest()[:20]}.json"
+    data = read_checked_json(path, what="speculative-step cache entry")
+    if isinstance(data, dict) and data.get("kind") == "measured":
+        timing = SpecStepTiming.from_dict(data)
+    else:
+        progress(f"timing {label}")
+        options = {"speculative_config": speculative} if speculative is not None else {"served_layout": True}
         engine = VLLMEngine(model_dir(target_ref, trust_remote_code=trust_remote_code), progress=False,
-                            speculative_config=config.speculative_config, **config_options(engine_config))
+                            **options, **config_options(engine_config))
         with engine:
-            timing = time_spec_steps(engine.llm, engine.spec_counters, prompts, k, tokens=tokens)
+            timing = time_spec_steps(engine.llm, engine.spec_counters if speculative is not None else None, prompts, k,
+                                     tokens=tokens)
         write_checked_json(path, timing.to_dict())
-        out.append(timing)
-        fault_point("spec_steps")
+    fault_point("spec_steps")
+    return timing
+
+
+def spec_step_timings(plan: PlannedDraft, target_ref: ModelRef, study: StudySettings, engine_config, engine_fields: dict,
+                      prompts: list[list[int]], progress: Progress, *, trust_remote_code: bool = False) -> list:
+    """Real speculative steps of the candidate at concurrency 1 (draftfit.spec_timing), at its
+    largest k: from the cache, else timed."""
+    from draftfit.spec_timing import spec_timing_ks
+    from draftfit.verify.selection import speculative_config
+
+    out = []
+    for k in spec_timing_ks(plan.candidate.k):
+        config = speculative_config(plan.candidate, k, target_ref, study, trust_remote_code=trust_remote_code)
+        out.append(_timed_steps(target_ref, config.speculative_config, k, study, engine_config, engine_fields, prompts,
+                                progress, f"{plan.candidate.name}'s speculative steps at k={k}",
+                                trust_remote_code=trust_remote_code))
     return out
 
 
@@ -176,30 +188,8 @@ def served_baseline_timing(target_ref: ModelRef, study: StudySettings, engine_co
                            prompts: list[list[int]], progress: Progress, *, trust_remote_code: bool = False):
     """The target's decode step at concurrency 1 in the served layout (its engine core in a process
     of its own, no speculation): from the cache, else timed."""
-    import hashlib
-    import os
-    import platform
-
-    from draftfit.engines.vllm_engine import VLLMEngine, config_options
-    from draftfit.refs import model_dir
-    from draftfit.spec_timing import SpecStepTiming, time_spec_steps
-
-    tokens = _spec_tokens(study, prompts)
-    raw = json.dumps({"target": fingerprint(target_ref), "spec": None, **engine_fields, "prompts": prompts,
-                      "tokens": tokens, "machine": platform.node(), "cpus": os.cpu_count()}, sort_keys=True, default=str)
-    path = cache_subdir("spec_steps") / f"{hashlib.sha256(raw.encode()).hexdigest()[:20]}.json"
-    data = read_checked_json(path, what="speculative-step cache entry")
-    if isinstance(data, dict) and data.get("kind") == "measured":
-        fault_point("spec_steps")
-        return SpecStepTiming.from_dict(data)
-    progress("timing the target's served decode steps")
-    engine = VLLMEngine(model_dir(target_ref, trust_remote_code=trust_remote_code), progress=False, served_layout=True,
-                        **config_options(engine_config))
-    with engine:
-        timing = time_spec_steps(engine.llm, None, prompts, 0, tokens=tokens)
-    write_checked_json(path, timing.to_dict())
-    fault_point("spec_steps")
-    return timing
+    return _timed_steps(target_ref, None, 0, study, engine_config, engine_fields, prompts, progress,
+                        "the target's served decode steps", trust_remote_code=trust_remote_code)
 
 
 def _is_measured_profile(data) -> bool:
