@@ -85,7 +85,15 @@ class StudySettings(_Strict):
     top_k_logprobs: int = Field(20, ge=1, le=100)
     gpu: str | None = Field(None, description="GPU from the catalog for the GPU step model and the VRAM model, e.g. 'H100 SXM'.")
     gpu_count: int = Field(1, ge=1, description="GPUs per replica.")
-    tensor_parallel_size: int = Field(1, ge=1, description="Target (and draft) tensor-parallel size.")
+    tensor_parallel_size: int = Field(
+        1, ge=1, description="The deployment's tensor-parallel size (vLLM --tensor-parallel-size; a draft model runs at it too).")
+    pipeline_parallel_size: int = Field(
+        1, ge=1, description="The deployment's pipeline stages (vLLM --pipeline-parallel-size; the proposer runs on the last).")
+    data_parallel_size: int = Field(
+        1, ge=1, description="The deployment's data-parallel engines (vLLM --data-parallel-size); concurrency levels are per engine.")
+    distributed_executor_backend: Literal["mp", "ray", "uni", "external_launcher"] | None = Field(
+        None, description="vLLM --distributed-executor-backend (ray for several nodes). Default: vLLM's choice (mp on one node). "
+                          "On GPUs the engines draftfit starts use this layout too; on a CPU they run in one process.")
     gpu_memory_utilization: float | None = Field(
         None, gt=0.0, le=1.0,
         description="The deployment's vLLM memory fraction (VRAM model, deploy command). Default 0.9 with --gpu, else the engine memory fraction."
@@ -126,7 +134,19 @@ class StudySettings(_Strict):
             raise ValueError(f"primary_concurrency {self.primary_concurrency} is not among concurrency {list(self.concurrency)}")
         if self.latency_source == "roofline" and not self.gpu:
             raise ValueError("latency_source roofline needs `gpu` (a catalog name, e.g. H100 SXM)")
+        if self.gpu and self.pipeline_parallel_size > 1:
+            raise ValueError("the GPU step model and VRAM model do not model pipeline stages (pipeline_parallel_size "
+                             f"{self.pipeline_parallel_size}): drop --gpu and rank with --latency-source measured on the "
+                             "deployment's GPUs, or model the layout as --tensor-parallel-size")
         return self
+
+    @property
+    def parallelism(self):
+        """The deployment's :class:`~draftfit.parallelism.Parallelism`."""
+        from draftfit.parallelism import Parallelism
+
+        return Parallelism(self.tensor_parallel_size, self.pipeline_parallel_size, self.data_parallel_size,
+                           self.distributed_executor_backend)
 
 
 class Candidate(_Strict):

@@ -31,6 +31,7 @@ from typing import Any
 
 from draftfit.errors import DraftfitError
 from draftfit.methods import get_method
+from draftfit.parallelism import Parallelism
 from draftfit.vllm_versions import installed_vllm_version, parse_version
 
 
@@ -162,6 +163,7 @@ def vllm_command(
     vllm_version: str | None = None,
     *,
     tensor_parallel_size: int = 1,
+    parallelism: Parallelism | None = None,
     gpu_memory_utilization: float | None = None,
     max_model_len: int | None = None,
     max_num_seqs: int | None = None,
@@ -171,6 +173,7 @@ def vllm_command(
 
     ``vllm_version=None`` uses the installed vLLM. ``spec=None`` gives the no-speculation baseline
     (the way back). ``device="cpu"`` checks that the version allows speculation on the CPU backend.
+    ``parallelism`` (TP, PP, DP, executor backend) wins over ``tensor_parallel_size``.
     """
     version = vllm_version or installed_vllm_version()
     if version is None:
@@ -181,11 +184,17 @@ def vllm_command(
     v = parse_version(version)
     notes: list[str] = []
 
-    argv: list[str] = ["vllm", "serve", target]
+    layout = parallelism or Parallelism(tensor_parallel_size)
+    tensor_parallel_size = layout.tensor_parallel_size
+    argv: list[str] = ["vllm", "serve", target, *layout.serve_flags()]
     kwargs: dict[str, Any] = {"model": target}
-    if tensor_parallel_size != 1:
-        argv += ["--tensor-parallel-size", str(tensor_parallel_size)]
-        kwargs["tensor_parallel_size"] = tensor_parallel_size
+    kwargs.update({key: value for key, value in layout.to_dict().items() if value not in (1, None)})
+    if layout.distributed_executor_backend == "ray":
+        notes.append("backend ray: start a Ray cluster first (`ray start --head` here, `ray start --address …` on "
+                     "every other node); vLLM places the workers on it.")
+    if layout.data_parallel_size > 1:
+        notes.append(f"data parallel: {layout.data_parallel_size} engines behind one API server; the predicted "
+                     "speedups are per engine, at each engine's concurrency.")
     if gpu_memory_utilization is not None:
         argv += ["--gpu-memory-utilization", f"{gpu_memory_utilization:g}"]
         kwargs["gpu_memory_utilization"] = gpu_memory_utilization
@@ -296,6 +305,10 @@ def vllm_command(
         # runs its first pass there to keep its KV cache in step); the reference facts do not say
         # whether 0.24–0.31 accept k = 0. Dynamic k is dropped by vLLM under data parallelism.
         cfg["num_speculative_tokens_per_batch_size"] = [list(r) for r in schedule]
+        if layout.data_parallel_size > 1:
+            notes.append("vLLM drops the k schedule under data parallelism (\"Dynamic speculative decoding is not "
+                         "supported with data parallelism …\") and serves the fixed k="
+                         f"{k} at every batch size.")
         if any(r[2] == 0 for r in schedule):
             notes.append(
                 "k = 0 ranges switch speculation off (vLLM still runs the draft's first pass there)."

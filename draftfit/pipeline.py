@@ -241,6 +241,16 @@ class RankRun:
         target_ref = resolve(targets[0])
         target_meta = metadata_dir(target_ref, trust_remote_code=self.trust_remote_code)
         target_config = json.loads((target_meta / "config.json").read_text())
+        # combinations vLLM refuses fail here, before any engine starts
+        from draftfit.parallelism import engine_parallelism
+
+        refusal = study.parallelism.target_refusal(target_config, what=target_ref.spec)
+        engine_layout, layout_note = engine_parallelism(study.parallelism)
+        refusal = refusal or engine_layout.engine_refusal()
+        if refusal:
+            raise DraftfitError(refusal, where="parallelism")
+        if layout_note:
+            self.warnings.append(layout_note)
 
         self.progress("checking target/draft pairs")
         plans = [self._plan(c, target_ref, target_meta) for c in self.candidates]
@@ -259,7 +269,7 @@ class RankRun:
             dtype=study.dtype,
             max_model_len=study.max_model_len,
             gpu_memory_utilization=study.engine_memory_utilization,
-            tensor_parallel_size=1,
+            parallelism=engine_layout,
             seed=study.seed,
             trust_remote_code=self.trust_remote_code,
         )
@@ -624,7 +634,7 @@ class RankRun:
         # the names the user deploys (a hub id, their directory, an exported copy), not this machine's cache
         target_name, target_prepare = deploy_name(target_ref)
         draft_prepare = by_name[rec.candidate].prepare if rec.candidate is not None else None
-        common = {"tensor_parallel_size": study.tensor_parallel_size, "gpu_memory_utilization": study.deploy_memory_utilization,
+        common = {"parallelism": study.parallelism, "gpu_memory_utilization": study.deploy_memory_utilization,
                   "max_model_len": study.max_model_len, "vllm_version": study.vllm_version,
                   "device": "gpu" if study.gpu else "cpu"}
         chosen = vllm_command(target_name, spec, **common)

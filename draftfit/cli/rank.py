@@ -18,7 +18,8 @@ from draftfit.cli.options import show_prompts, study_options, trust_remote_code
                "draft_sample_method", "dtype", "latency_source")
 @click.option("--profile-plan", type=click.Choice(["standard", "quick"]), default="standard", show_default=True,
               help="How many engine steps to time for the measured latency profile (quick: fewer, noisier).")
-@study_options("gpu", "gpu_count", "tensor_parallel_size", "gpu_memory_utilization", "engine_memory_utilization",
+@study_options("gpu", "gpu_count", "tensor_parallel_size", "pipeline_parallel_size", "data_parallel_size",
+               "distributed_executor_backend", "gpu_memory_utilization", "engine_memory_utilization",
                "concurrency", "primary_concurrency", "vllm_version")
 @click.option("--gpu-catalog", type=click.Path(dir_okay=False, path_type=Path), help="YAML file adding GPUs to the catalog.")
 @study_options("scrub")

@@ -26,6 +26,7 @@ from draftfit.engines.base import (
     Trajectory,
 )
 from draftfit.errors import DraftfitError, EngineMissing
+from draftfit.parallelism import Parallelism
 
 __all__ = [
     "DraftScore",
@@ -58,9 +59,7 @@ class EngineConfig:
     max_model_len: int = 2048
     gpu_memory_utilization: float = 0.25
     enforce_eager: bool = True
-    tensor_parallel_size: int = 1
-    pipeline_parallel_size: int = 1
-    data_parallel_size: int = 1
+    parallelism: Parallelism = field(default_factory=Parallelism)  # TP, PP, DP, executor backend
     seed: int = 0
     progress: bool = True
     debug: bool = False
@@ -77,7 +76,10 @@ class EngineConfig:
 
     def key_fields(self) -> dict[str, Any]:
         """What goes into cache keys: the engine and its version, and the numerics-relevant options."""
-        return {"engine": engine_id(self.backend), "dtype": self.dtype}
+        fields = {"engine": engine_id(self.backend), "dtype": self.dtype}
+        if self.parallelism != Parallelism():  # step times change with the layout (the default keeps old keys)
+            fields["parallelism"] = self.parallelism.to_dict()
+        return fields
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -199,7 +199,7 @@ class AsyncVLLMEngine:
         from vllm.v1.engine.async_llm import AsyncLLM
 
         kwargs = engine_kwargs(self.model_dir, **config_options(self.options), speculative_config=self.speculative_config,
-                               disable_log_stats=False)
+                               disable_log_stats=False, offline=False)
         self._processes = EngineProcesses()
         start = time.perf_counter()
         try:

@@ -48,6 +48,7 @@ from draftfit.engines.base import (
 )
 from draftfit.errors import DraftfitError, EngineMissing
 from draftfit.metrics import SpecCounts, counts_from_vllm_metrics
+from draftfit.parallelism import Parallelism
 
 QUIET_LEVEL = "ERROR"
 DEFAULT_MAX_LOGPROBS = 20
@@ -268,14 +269,14 @@ def engine_kwargs(
     max_model_len: int = 2048,
     enforce_eager: bool = True,
     seed: int = 0,
-    tensor_parallel_size: int = 1,
-    pipeline_parallel_size: int = 1,
-    data_parallel_size: int = 1,
+    parallelism: Parallelism | None = None,
+    offline: bool = True,
     trust_remote_code: bool = False,
     speculative_config: dict[str, Any] | None = None,
     **extra: Any,
 ) -> dict[str, Any]:
-    """The engine arguments of every vLLM engine draftfit starts, offline ``LLM`` or ``AsyncLLM``."""
+    """The engine arguments of every vLLM engine draftfit starts, offline ``LLM`` (one DP rank) or
+    ``AsyncLLM`` (``offline=False``)."""
     kwargs: dict[str, Any] = {
         "model": str(model_dir),
         "dtype": auto_dtype("vllm") if dtype == "auto" else dtype,
@@ -283,12 +284,9 @@ def engine_kwargs(
         "max_model_len": int(max_model_len),
         "enforce_eager": bool(enforce_eager),
         "seed": int(seed),
-        "tensor_parallel_size": int(tensor_parallel_size),
-        "pipeline_parallel_size": int(pipeline_parallel_size),
+        **(parallelism or Parallelism()).engine_kwargs(offline=offline),
         "trust_remote_code": bool(trust_remote_code),
     }
-    if int(data_parallel_size) != 1:
-        kwargs["data_parallel_size"] = int(data_parallel_size)
     if speculative_config is not None:
         kwargs["speculative_config"] = dict(speculative_config)
         kwargs["disable_log_stats"] = False  # the spec-decode counters are stats
@@ -301,8 +299,7 @@ def config_options(config) -> dict[str, Any]:
     return {
         "dtype": config.dtype, "gpu_memory_utilization": config.gpu_memory_utilization,
         "max_model_len": config.max_model_len, "enforce_eager": config.enforce_eager, "seed": config.seed,
-        "tensor_parallel_size": config.tensor_parallel_size, "pipeline_parallel_size": config.pipeline_parallel_size,
-        "data_parallel_size": config.data_parallel_size, "trust_remote_code": config.trust_remote_code,
+        "parallelism": config.parallelism, "trust_remote_code": config.trust_remote_code,
         **dict(config.extra),
     }
 

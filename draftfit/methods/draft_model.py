@@ -56,11 +56,14 @@ class DraftModel(DraftMethod):
                             f"-o {shlex.quote(plan.deploy_model)}")
             plan.check = {"verdict": "identical", "summary": "derived from the target: the target's own tokenizer and vocabulary"}
             return plan
+        import json
+
         from draftfit.compat import compare
         from draftfit.refs import metadata_dir, resolve
 
         draft_ref = resolve(draft.model)
-        report = compare(ctx.target_meta, metadata_dir(draft_ref, trust_remote_code=ctx.trust_remote_code),
+        draft_meta = metadata_dir(draft_ref, trust_remote_code=ctx.trust_remote_code)
+        report = compare(ctx.target_meta, draft_meta,
                          vllm_version=ctx.study.vllm_version, target_label=ctx.target_ref.spec, draft_label=draft_ref.spec)
         plan.check = report.to_dict()
         plan.draft_ref = draft_ref
@@ -69,6 +72,10 @@ class DraftModel(DraftMethod):
             plan.skip_reason = f"incompatible with vLLM: {report.engines['vllm'].reason}"
             if report.engines["vllm"].fix:
                 plan.skip_reason += f". {report.engines['vllm'].fix}"
+            return plan
+        refusal = ctx.study.parallelism.draft_refusal(self, json.loads((draft_meta / "config.json").read_text()), None)
+        if refusal:
+            plan.skip_reason = f"cannot run at the deployment's layout: {refusal}"
         return plan
 
     def acceptance(self, plan: PlannedDraft, inputs: AcceptanceInputs):

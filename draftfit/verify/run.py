@@ -290,12 +290,9 @@ def _vllm_version() -> str | None:
 
 
 def _device() -> str:
-    try:
-        from vllm.platforms import current_platform
+    from draftfit.parallelism import on_gpu
 
-        return "cpu" if current_platform.is_cpu() else "gpu"
-    except Exception:  # noqa: BLE001
-        return "cpu"
+    return "gpu" if on_gpu() else "cpu"
 
 
 @dataclass
@@ -356,15 +353,21 @@ class VerifyRun:
         prompts = [list(item.input_ids) for item in sample.items]
         requests = int(self.requests or len(prompts))
         plan = RunPlan(prompts, study.temperature, study.top_p, study.max_tokens, study.seed, levels, requests, float(self.timeout_s))
+        from draftfit.parallelism import engine_parallelism
+
+        layout, layout_note = engine_parallelism(study.parallelism)
+        refusal = layout.engine_refusal()
+        if refusal:
+            raise DraftfitError(refusal, where="parallelism")
         options = EngineConfig(
             dtype=self.dtype or study.dtype, max_model_len=study.max_model_len,
             gpu_memory_utilization=float(self.gpu_memory_utilization or study.engine_memory_utilization),
-            tensor_parallel_size=study.tensor_parallel_size, seed=study.seed, debug=self.debug,
+            parallelism=layout, seed=study.seed, debug=self.debug,
             trust_remote_code=self.trust_remote_code,
         )
         device = _device()
         rule = select_rule(study.temperature, study.draft_sample_method)
-        notes = []
+        notes = [layout_note] if layout_note else []
         ranked_with = ((results.targets[0].get("trajectories") or {}).get("engine") or {}).get("version") if results.targets else None
         from draftfit.refs import portable_fingerprint
 
