@@ -32,7 +32,12 @@ from typing import Any
 from draftfit.errors import DraftfitError
 from draftfit.methods import get_method
 from draftfit.parallelism import Parallelism
-from draftfit.vllm_versions import installed_vllm_version, parse_version
+from draftfit.vllm_versions import (
+    OLDEST_KNOWN,
+    installed_vllm_version,
+    parse_version,
+    unknown_version_reason,
+)
 
 
 @dataclass(frozen=True)
@@ -221,6 +226,9 @@ def vllm_command(
         return DeployCommand(version, True, tuple(argv), kwargs, None, None, tuple(notes))
 
     # ---- versions that cannot run this configuration at all
+    too_old = unknown_version_reason(version)
+    if too_old:
+        return _refuse(version, f"{too_old}. Deploy on vLLM ≥ {'.'.join(map(str, OLDEST_KNOWN))}", notes)
     if device == "cpu" and v < (0, 20, 0):
         return _refuse(
             version,

@@ -262,7 +262,10 @@ class RankRun:
         from draftfit.engines import EngineConfig, SamplingSpec
         from draftfit.trajectories import default_factory, target_trajectories
 
-        sampling = SamplingSpec(study.temperature, study.top_p, study.max_tokens, study.seed)
+        # the answers run max(k) tokens past max_tokens: a request's last step drafts there too, and
+        # vLLM counts those drafts, so the look-ahead makes the last step's acceptance known, not bounded
+        look_ahead = max(max(p.candidate.k) for p in plans)
+        sampling = SamplingSpec(study.temperature, study.top_p, study.max_tokens + look_ahead, study.seed)
         # prompts were kept only if prompt + max_tokens + 1 fits, so scoring prompt + answer fits too
         engine_config = EngineConfig(
             backend=study.engine,
@@ -291,7 +294,8 @@ class RankRun:
         target_session = EngineSession(target_ref, build, self.timings)
         scores_by_fp: dict[str, Any] = {}
         try:
-            self.progress(f"target trajectories ({len(prompt_ids)} prompts × ≤{study.max_tokens} tokens)")
+            self.progress(f"target trajectories ({len(prompt_ids)} prompts × ≤{study.max_tokens} tokens "
+                          f"+ {look_ahead} look-ahead)")
             trajset = target_trajectories(
                 target_ref, prompt_ids, sampling, engine_config=engine_config, top_k=study.top_k_logprobs,
                 engine_factory=target_session.lend,
@@ -400,7 +404,9 @@ class RankRun:
             prompts={"summary": sample.summary.to_dict(), "dropped": [d.__dict__ for d in sample.dropped], "prompts_hash": sample.prompts_hash},
             targets=[{
                 "target": target_ref.to_dict(),
-                "trajectories": {"key": trajset.key, "from_cache": trajset.from_cache, "output_tokens": trajset.output_tokens,
+                "trajectories": {"key": trajset.key, "from_cache": trajset.from_cache, "output_tokens": int(sum(
+                                     min(len(t), study.max_tokens) for t in trajset.trajectories)),
+                                 "look_ahead_tokens": look_ahead,
                                  "prompts": len(trajset), "engine": trajset.engine, "kind": "measured"},
                 "profile": profiles.get(fingerprint(target_ref)),
             }],
@@ -504,7 +510,7 @@ class RankRun:
         target_shape = ModelShape.from_config(target_config, name=target_ref.name)
         weight_dtype = "bf16" if study.dtype in ("bfloat16", "auto") else study.dtype
         prompt_lens = np.array([len(t.prompt_token_ids) for t in trajset.trajectories], float)
-        out_lens = np.array([len(t) for t in trajset.trajectories], float)
+        out_lens = np.array([min(len(t), study.max_tokens) for t in trajset.trajectories], float)  # less look-ahead
         context_len = float(np.mean(prompt_lens + out_lens / 2))
         buckets = np.array([item.bucket for item in sample.items])
         categories = np.array([item.category for item in sample.items])
@@ -529,7 +535,8 @@ class RankRun:
             c = plan.candidate
             ks = list(c.k)
             method = get_method(plan.method)
-            walked = method.acceptance(plan, AcceptanceInputs(trajset, scores_by_fp, ks, rule, study.max_model_len, target_fp))
+            walked = method.acceptance(plan, AcceptanceInputs(trajset, scores_by_fp, ks, rule, study.max_model_len, target_fp,
+                                                                    study.max_tokens))
             terms = method.cost(plan, step_time, trust_remote_code=self.trust_remote_code)
             draft_cost, draft_shape, cost_rank = terms.cost, terms.shape, terms.rank_cost
             # one walk gives the point AL, its counters and its per-position rates: halfway between

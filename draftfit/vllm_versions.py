@@ -5,11 +5,25 @@ from __future__ import annotations
 
 from draftfit.errors import DraftfitError
 
+# The oldest release draftfit's rules cover: the reference facts' first row is "≤ 0.8.1: separate
+# flags", with no lower end; the oldest release with published evidence of those flags is 0.5.4
+# (vLLM issue 8416: "vllm = 0.5.4, 0.5.5" with a speculative model and num_speculative_tokens; issue
+# 4266, April 2024, has the flags becoming usable in an unnamed release). Older releases: unknown.
+OLDEST_KNOWN = (0, 5, 4)
 # The V1 engine refused separate draft models in these releases (NotImplementedError).
 V1_NO_DRAFT = ((0, 10, 0), (0, 15, 0))
 # From this release the profile run subtracts CUDA-graph memory from the KV budget by default
 # (VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS=1; v1/worker/gpu_worker.py says "default since v0.21.0").
 CUDA_GRAPH_MEMORY_IN_RESERVE = (0, 21, 0)
+
+
+def unknown_version_reason(version: str) -> str | None:
+    """Why draftfit cannot tell what vLLM ``version`` does with speculation (None: it can)."""
+    if parse_version(version) >= OLDEST_KNOWN:
+        return None
+    oldest = ".".join(map(str, OLDEST_KNOWN))
+    return (f"vLLM {version} is older than any release draftfit's rules cover (vLLM ≥ {oldest}): whether and how it "
+            "runs speculative decoding cannot be told")
 
 
 def installed_vllm_version() -> str | None:

@@ -247,7 +247,7 @@ def run_case(case: FaultCase, candidates: list[str], reports: Path, cache: Path)
     return CaseResult(case, faulted, restart, left, written, entries, orphans)
 
 
-def orphan_engines(since: float, wait_s: float = 15.0) -> list[int]:
+def orphan_engines(since: float, wait_s: float = 6.0) -> list[int]:
     """vLLM engine processes started after ``since`` whose parent is gone (re-parented to init)
     and that still run. A killed process stays in the table as a zombie until init reaps it: it
     holds no memory and is not counted. SIGKILL is delivered asynchronously, so this waits up to

@@ -90,6 +90,20 @@ def test_vllm_version_option(pairs, version, verdict, in_fix):
     assert in_fix in vllm["fix"]
 
 
+def test_a_vllm_older_than_draftfits_rules_is_unknown_not_compatible(pairs):
+    result = run(pairs["target"], pairs["same"], "--json", "--vllm-version", "0.1")
+    vllm = json.loads(result.stdout)["engines"]["vllm"]
+    assert vllm["verdict"] == "unknown" and result.exit_code == 2
+    assert "older than any release draftfit's rules cover (vLLM ≥ 0.5.4)" in vllm["reason"]
+    assert "--vllm-version 0.5.4 or later" in vllm["fix"]
+    from draftfit.deploy import SpecConfig, vllm_command
+
+    refused = vllm_command("t", SpecConfig(method="ngram", num_speculative_tokens=2), "0.1")
+    assert not refused.deployable and "Deploy on vLLM ≥ 0.5.4" in refused.problem
+    same = json.loads(run(pairs["target"], pairs["same"], "--json", "--vllm-version", "0.5.4").stdout)
+    assert same["engines"]["vllm"]["verdict"] == "compatible"
+
+
 def test_installed_vllm_is_the_default(pairs):
     from draftfit.vllm_versions import installed_vllm_version
 

@@ -54,6 +54,17 @@ def test_rank_writes_results_and_prints_the_ranking(measured_run):
 
 @pytest.mark.slow
 @pytest.mark.engine
+def test_greedy_predictions_are_exact_through_the_last_step(measured_run):
+    # the answers run max(k) tokens past max_tokens, so a response cut at max_tokens (most are, at 24
+    # tokens) tells whether its last step's drafts were accepted: no bound is left at temperature 0
+    _, data, _ = measured_run
+    trajectories = data["targets"][0]["trajectories"]
+    assert trajectories["look_ahead_tokens"] == 3 and trajectories["output_tokens"] <= 6 * 24
+    assert all(c["exact"] and c["al_bound_low"] == c["al_bound_high"] for c in data["configs"])
+
+
+@pytest.mark.slow
+@pytest.mark.engine
 def test_the_measured_path_times_the_served_steps(measured_run):
     """The served baseline and every candidate's speculative step at its largest k are timed, and the
     correction they give is recorded and used (draftfit.spec_timing)."""

@@ -538,3 +538,15 @@ def test_machine_load_stands_beside_the_measured_numbers(example):
     load = example.measured[0]["machine_load_measured"]
     assert "machine load</th>" in section
     assert f"{load['load_avg_1m_before']:.2f} → {load['load_avg_1m_after']:.2f} / {load['cpus']}" in section
+
+
+def test_model_free_configurations_at_0_gib_are_drawn_apart_by_candidate():
+    from draftfit.report.plots import _dodge_zero
+
+    points = [({"candidate": "ngram-a"}, 0.0, 1.5), ({"candidate": "ngram-a"}, 0.0, 1.4),
+              ({"candidate": "ngram-b"}, 0.0, 1.5), ({"candidate": "draft"}, 2.0, 0.6)]
+    dodged = _dodge_zero(points, ["ngram-a", "ngram-b", "draft"])
+    xs = {c["candidate"]: x for c, x, _ in dodged}
+    assert xs["ngram-a"] < xs["ngram-b"] and abs(xs["ngram-a"]) == abs(xs["ngram-b"]) <= 0.05 * 2.0
+    assert xs["draft"] == 2.0 and [y for _, _, y in dodged] == [y for _, _, y in points]
+    assert _dodge_zero(points[:2], ["ngram-a"]) == points[:2]  # one candidate at 0: nothing to separate

@@ -193,6 +193,12 @@ def test_layout_fits_the_window_and_screenshot(page, report_file, name):
     assert flags and all(lines == 1 for _, lines in flags), flags
     figure_width = page.evaluate("document.querySelector('figure img').getBoundingClientRect().width")
     assert 300 <= figure_width <= 720
+    # legends and ticks stay legible: no figure is drawn at less than 0.9 of its natural size
+    scales = page.evaluate("Array.from(document.querySelectorAll('figure img')).map(e => e.getBoundingClientRect().width / e.naturalWidth)")
+    assert scales and min(scales) >= 0.9, scales
+    if name == "desktop":  # the tables comparing prediction and measurement fit the window, not cut at its edge
+        cut = page.evaluate("Array.from(document.querySelectorAll('#measured .scroll')).filter(e => e.scrollWidth > e.clientWidth + 1).length")
+        assert cut == 0
     shot = page.send("Page.captureScreenshot", {"format": "png", "captureBeyondViewport": True,
                                                 "clip": {"x": 0, "y": 0, "width": width, "height": min(6000, page.evaluate("document.documentElement.scrollHeight")), "scale": 1}})
     ARTIFACTS.mkdir(parents=True, exist_ok=True)

@@ -76,6 +76,9 @@ class DraftfitGroup(click.Group):
                 raise
             raise CliError(str(exc)) from exc
         except KeyboardInterrupt:
+            from draftfit.engines.watchdog import interrupt_handled
+
+            interrupt_handled()
             resume = " — run the same command again to resume" if ctx.invoked_subcommand in RESUMABLE else ""
             click.echo(f"\ninterrupted{resume}", err=True)
             ctx.exit(INTERRUPTED)
@@ -124,7 +127,19 @@ def _exit_on_sigterm(signum, frame) -> None:
 
 def main() -> None:
     signal.signal(signal.SIGTERM, _exit_on_sigterm)
-    cli(prog_name="draftfit")
+    from draftfit.engines.watchdog import relay_interrupts
+
+    relay_interrupts()
+    try:
+        cli(prog_name="draftfit")
+    except SystemExit as exc:
+        if exc.code == INTERRUPTED:
+            # Ctrl-C: the results are saved and the engines' processes ended by now; the
+            # interpreter's teardown of torch and vLLM would take another ~2 s on a small machine
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(INTERRUPTED)
+        raise
 
 
 if __name__ == "__main__":

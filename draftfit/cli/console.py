@@ -13,6 +13,7 @@ import logging
 import os
 import sys
 import time
+import traceback
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -49,7 +50,9 @@ def engine_output_to(log_path: Path, *, debug: bool) -> Iterator[object]:
         for fd in (1, 2):
             os.dup2(log.fileno(), fd)
         yield terminal
-    except (KeyboardInterrupt, SystemExit):
+    except (KeyboardInterrupt, SystemExit) as exc:
+        # free what the unwound frames hold (vLLM's progress bars) while their last output still goes to the log
+        traceback.clear_frames(exc.__traceback__)
         raise
     except BaseException:
         failed = True

@@ -25,7 +25,13 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from draftfit.compat.schema import COMPATIBLE, INCOMPATIBLE, UNKNOWN, EngineVerdict
-from draftfit.vllm_versions import V1_NO_DRAFT, installed_vllm_version, parse_version
+from draftfit.vllm_versions import (
+    OLDEST_KNOWN,
+    V1_NO_DRAFT,
+    installed_vllm_version,
+    parse_version,
+    unknown_version_reason,
+)
 
 if TYPE_CHECKING:
     from draftfit.compat.files import ModelFiles
@@ -110,6 +116,10 @@ def vllm_verdict(report: CheckReport, vllm_version: str | None = None) -> Engine
         return EngineVerdict(engine="vllm", version=version, version_source=source,
                              verdict=COMPATIBLE if ok else INCOMPATIBLE, mode="draft_model", reason=reason, **kw)
 
+    too_old = unknown_version_reason(version) if version else None
+    if too_old:
+        return EngineVerdict(engine="vllm", version=version, version_source=source, verdict=UNKNOWN, mode="draft_model",
+                             reason=too_old, fix=OLD_VERSION_FIX)
     if V1_NO_DRAFT[0] <= release < V1_NO_DRAFT[1]:
         return verdict(False, f"{named}: the V1 engine refuses separate draft models (NotImplementedError)",
                        fix="Use vLLM ≥ 0.15.0 for a draft model, or a model-free method such as ngram")
@@ -152,6 +162,8 @@ def vllm_verdict(report: CheckReport, vllm_version: str | None = None) -> Engine
                    error=error, fix=fix)
 
 
+OLD_VERSION_FIX = (f"Pass --vllm-version {'.'.join(map(str, OLDEST_KNOWN))} or later, or upgrade vLLM "
+                   "(speculative decoding with a draft model works from 0.15.0 on the V1 engine)")
 CONFIG_FIX = "Copy the model's config.json beside its tokenizer files and run check again"
 
 

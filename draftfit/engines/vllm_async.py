@@ -204,6 +204,9 @@ class AsyncVLLMEngine:
         start = time.perf_counter()
         try:
             self._engine = AsyncLLM.from_engine_args(AsyncEngineArgs(**kwargs))
+        except KeyboardInterrupt:
+            self._processes.interrupted()
+            raise
         except Exception as exc:
             self._processes.reap(SHUTDOWN_WAIT_S, started_since=True)
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
@@ -216,6 +219,8 @@ class AsyncVLLMEngine:
 
     async def __aexit__(self, *exc) -> None:
         start = time.perf_counter()
+        if exc and exc[0] is not None and issubclass(exc[0], (KeyboardInterrupt, asyncio.CancelledError)):
+            self._processes.interrupted()  # Ctrl-C: do not wait for vLLM's orderly shutdown
         if self._engine is not None:
             try:
                 self._engine.shutdown()

@@ -46,6 +46,7 @@ from draftfit.engines.base import (
     check_prompts,
     empty_score,
 )
+from draftfit.engines.watchdog import ensure_watchdog, is_watchdog
 from draftfit.errors import DraftfitError, EngineMissing
 from draftfit.metrics import SpecCounts, counts_from_vllm_metrics
 from draftfit.parallelism import Parallelism
@@ -53,6 +54,7 @@ from draftfit.parallelism import Parallelism
 QUIET_LEVEL = "ERROR"
 DEFAULT_MAX_LOGPROBS = 20
 SHUTDOWN_WAIT_S = 60.0
+INTERRUPT_WAIT_S = 2.0
 
 
 def import_vllm(debug: bool = False):
@@ -133,10 +135,11 @@ def _progress(label: str):
 
 
 def child_pids() -> set[int]:
-    """Live descendants of this process, less multiprocessing's resource tracker.
+    """Live descendants of this process, less multiprocessing's resource tracker and the watchdog.
 
     The tracker is a helper shared by everything in this process that uses multiprocessing; it
-    holds no model memory and exits with the process, so an engine never waits for it.
+    holds no model memory and exits with the process, so an engine never waits for it. The
+    watchdog (:mod:`draftfit.engines.watchdog`) lives as long as this process.
     """
     import psutil
 
@@ -149,7 +152,8 @@ def child_pids() -> set[int]:
         try:
             if child.status() == psutil.STATUS_ZOMBIE:
                 continue
-            if any("resource_tracker" in part for part in child.cmdline()):
+            cmdline = child.cmdline()
+            if any("resource_tracker" in part for part in cmdline) or is_watchdog(cmdline):
                 continue
         except psutil.Error:
             continue
@@ -312,6 +316,7 @@ class EngineProcesses:
     """
 
     def __init__(self) -> None:
+        ensure_watchdog()  # ends these processes too if draftfit is killed (kill -9) and cannot close them
         self._before = child_pids()
         self.pids: set[int] = set()
 
@@ -326,6 +331,20 @@ class EngineProcesses:
             self.pids |= child_pids() - self._before
         self.pids = set(reap_processes(self.pids, wait_s))
         return sorted(self.pids)
+
+    def interrupted(self) -> None:
+        """Ctrl-C during a start: end the engine's processes now. A terminal's SIGINT reached them
+        too, but vLLM's engine core finishes building before it honours it, so SIGTERM them, and
+        kill what is still there after ``INTERRUPT_WAIT_S``."""
+        import psutil
+
+        self.pids |= child_pids() - self._before
+        for pid in self.pids:
+            try:
+                psutil.Process(pid).terminate()
+            except psutil.Error:
+                pass
+        self.pids = set(reap_processes(self.pids, INTERRUPT_WAIT_S))
 
 
 class VLLMEngine(Engine):
@@ -364,6 +383,10 @@ class VLLMEngine(Engine):
         with self.timed("startup"):
             try:
                 self._llm = vllm.LLM(**kwargs)
+            except KeyboardInterrupt:
+                self._llm = None
+                self._processes.interrupted()
+                raise
             except Exception as exc:
                 # leave nothing running behind a failed start
                 self._llm = None
@@ -485,7 +508,8 @@ class VLLMEngine(Engine):
             SamplingParams(
                 temperature=0.0 if sampling.greedy else float(sampling.temperature),
                 top_p=1.0 if sampling.greedy else float(sampling.top_p),
-                max_tokens=int(sampling.max_tokens),
+                # leave room for the one token a scoring prefill adds (look-ahead can reach the context's end)
+                max_tokens=max(1, min(int(sampling.max_tokens), self.max_model_len - 1 - len(prompts[i]))),
                 seed=int(sampling.seed) + i,
                 logprobs=int(top_k_logprobs),
                 flat_logprobs=True,

@@ -68,6 +68,7 @@ class AcceptanceInputs:
     rule: str
     max_model_len: int
     target_fp: str = ""  # the target's fingerprint: a draft that is the target is always accepted
+    max_tokens: int | None = None  # where responses stop; the answers run past it (look-ahead for the last step)
 
 
 @dataclass(frozen=True)

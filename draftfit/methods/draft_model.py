@@ -84,7 +84,7 @@ class DraftModel(DraftMethod):
 
         fp = fingerprint(plan.draft_ref)
         return acceptance_walk.predict_model_draft(inputs.trajset, inputs.scores_by_fp[fp].scores, inputs.ks, inputs.rule,
-                                                   draft_is_target=fp == inputs.target_fp)
+                                                   draft_is_target=fp == inputs.target_fp, max_tokens=inputs.max_tokens)
 
     def cost(self, plan: PlannedDraft, step_time, *, trust_remote_code: bool = False) -> CostTerms:
         import json

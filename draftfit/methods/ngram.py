@@ -48,7 +48,8 @@ class Ngram(ModelFreeMethod):
         from draftfit import acceptance_walk
 
         lo, hi = lookup(plan.candidate.draft)
-        return acceptance_walk.predict_ngram(inputs.trajset, inputs.ks, lo, hi, inputs.max_model_len, inputs.rule)
+        return acceptance_walk.predict_ngram(inputs.trajset, inputs.ks, lo, hi, inputs.max_model_len, inputs.rule,
+                                             max_tokens=inputs.max_tokens)
 
     def cost(self, plan, step_time, *, trust_remote_code=False) -> CostTerms:
         from draftfit.costmodel import ModelFreeDraftCost

@@ -279,6 +279,7 @@ def pareto_figure(results: Results):
     fig = _figure(height=3.2)
     ax = _axes(fig, f"Speedup at concurrency {primary} vs extra VRAM", "predicted")
     palette = colors(results)
+    points = _dodge_zero(points, explore.candidates(results))
     with _mpl().rc_context(STYLE):
         ax.axhline(1.0, color="#222", ls="--", lw=1.0, label="break-even (1×)")
         for name in explore.candidates(results):
@@ -298,9 +299,21 @@ def pareto_figure(results: Results):
         ax.set_xlabel("extra VRAM per GPU (GiB)")
         ax.set_ylabel(f"speedup at concurrency {primary} (×)")
         ax.set_ylim(bottom=0)
-        ax.set_xlim(left=-0.02 * max(0.1, max(p[1] for p in points)))
+        ax.set_xlim(left=min(p[1] for p in points) - 0.02 * max(0.1, max(p[1] for p in points)))
     _legend(fig, ax)
     return fig
+
+
+def _dodge_zero(points: list[tuple[dict, float, float]], order: list[str]) -> list[tuple[dict, float, float]]:
+    """Draw the configurations at 0 GiB (model-free methods) a little apart, one column per candidate
+    in legend order, so their markers do not hide each other; the caption says so."""
+    zero = [name for name in order if any(p[0]["candidate"] == name and p[1] == 0.0 for p in points)]
+    if len(zero) < 2:
+        return points
+    span = max((p[1] for p in points), default=0.0) or 1.0
+    step = 0.025 * span
+    shift = {name: (i - (len(zero) - 1) / 2) * step for i, name in enumerate(zero)}
+    return [(c, shift[c["candidate"]] if x == 0.0 else x, y) for c, x, y in points]
 
 
 def measured_figure(results: Results, what: str = "speedup"):

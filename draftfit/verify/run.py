@@ -167,6 +167,7 @@ class EngineRun:
 async def _measure_engine(config: VerifyConfig, target_dir: Path, plan: RunPlan, options: EngineConfig,
                           progress: Progress, run: EngineRun) -> None:
     engine = AsyncVLLMEngine(target_dir, options, config.speculative_config)
+    interrupt: BaseException | None = None
     try:
         progress(f"{config.label}: starting vLLM")
         try:
@@ -196,8 +197,11 @@ async def _measure_engine(config: VerifyConfig, target_dir: Path, plan: RunPlan,
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
             run.error = f"vLLM failed during the runs ({type(exc).__name__}: {first})"
         log.debug("engine failure", exc_info=True)
+    except BaseException as exc:  # Ctrl-C: the engine ends its processes at once
+        interrupt = exc
+        raise
     finally:
-        await engine.__aexit__(None, None, None)
+        await engine.__aexit__(*((type(interrupt), interrupt, interrupt.__traceback__) if interrupt else (None,) * 3))
         run.shutdown_s = engine.shutdown_s
 
 
