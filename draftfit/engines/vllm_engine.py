@@ -46,7 +46,7 @@ from draftfit.engines.base import (
     check_prompts,
     empty_score,
 )
-from draftfit.engines.watchdog import ensure_watchdog, is_watchdog
+from draftfit.engines.watchdog import ensure_watchdog, is_resource_tracker, is_watchdog
 from draftfit.errors import DraftfitError, EngineMissing
 from draftfit.metrics import SpecCounts, counts_from_vllm_metrics
 from draftfit.parallelism import Parallelism
@@ -153,7 +153,7 @@ def child_pids() -> set[int]:
             if child.status() == psutil.STATUS_ZOMBIE:
                 continue
             cmdline = child.cmdline()
-            if any("resource_tracker" in part for part in cmdline) or is_watchdog(cmdline):
+            if is_resource_tracker(cmdline) or is_watchdog(cmdline):
                 continue
         except psutil.Error:
             continue

@@ -43,6 +43,11 @@ def is_watchdog(cmdline: list[str]) -> bool:
     return MODULE in cmdline
 
 
+def is_resource_tracker(cmdline: list[str]) -> bool:
+    """multiprocessing's resource tracker: it exits by itself and unlinks what its users left."""
+    return any("resource_tracker" in part for part in cmdline)
+
+
 @dataclass(frozen=True)
 class Noted:
     created: float
@@ -62,7 +67,7 @@ def _descendants(pid: int) -> dict[int, Noted]:
     found = {}
     for child in children:
         try:
-            if any("resource_tracker" in part for part in child.cmdline()):
+            if is_resource_tracker(child.cmdline()):
                 continue
             found[child.pid] = Noted(child.create_time(), child.ppid() == pid)
         except psutil.Error:
