@@ -240,6 +240,63 @@ def predict_ngram(
     )
 
 
+def predict_chains(
+    trajset,
+    chains: Sequence[np.ndarray],
+    ks: Sequence[int] | np.ndarray,
+    *,
+    max_tokens: int | None = None,
+    max_model_len: int | None = None,
+) -> WalkBounds:
+    """Predicted counters of a proposer whose drafts depend on where the step starts (a chain head:
+    EAGLE, EAGLE-3, MTP), for every k at once.
+
+    ``chains[b][s - 1]``: the (at least max(k)) tokens the proposer drafts at a step starting at
+    response position s of response b, s = 1..N−1. Deterministic proposals (greedy drafting), so
+    at temperature 0 a draft is accepted iff it equals the target's token, and above it — one-hot
+    proposals, verified with ``p_t(token)`` — iff it equals the emitted token given the response
+    (the conditional estimator, exact in expectation). Past the data the lower walk rejects and
+    the upper walk accepts. As for ngram, vLLM's scheduler cuts a step's drafts to
+    ``max_model_len − context − 1``.
+    """
+    trajs = _trajectories(trajset)
+    ks = _as_ks(ks)
+    kmax = int(ks.max())
+    n = stop_positions(trajs, max_tokens)
+    if len(chains) != len(trajs):
+        raise DraftfitError(f"{len(chains)} chains for {len(trajs)} trajectories",
+                            fix="Compute the head's chains over the same trajectory set")
+    B = len(trajs)
+    S = max(int(n.max(initial=0)), 2)
+    lower, upper = np.zeros((B, S, kmax)), np.zeros((B, S, kmax))
+    lower[:, 0], upper[:, 0] = 1.0, 1.0  # response position 0 comes from the prefill: not a step
+    n_prop = np.zeros((B, S, ks.size), dtype=np.int64)
+    exact_in_data = np.ones(B, dtype=bool)  # before the stop every draft is checked against a known token
+    i_idx = np.arange(kmax)
+    for b, traj in enumerate(trajs):
+        rows = np.asarray(chains[b])
+        steps = int(min(rows.shape[0], max(n[b] - 1, 0)))
+        if steps and rows.shape[1] < kmax:
+            raise DraftfitError(f"chains of response {b} hold {rows.shape[1]} drafts, k up to {kmax} asked",
+                                fix="Compute the chains for max(k) steps")
+        response = np.asarray(traj.token_ids)
+        T = response.shape[0]
+        s_idx = np.arange(1, steps + 1)
+        pos = s_idx[:, None] + i_idx[None, :]
+        known = pos < T
+        flag = (rows[:steps, :kmax] == response[np.clip(pos, 0, max(T - 1, 0))]).astype(np.float64)
+        lower[b, 1 : steps + 1] = np.where(known, flag, 0.0)
+        upper[b, 1 : steps + 1] = np.where(known, flag, 1.0)
+        context = traj.response_start + np.arange(S)
+        cap = np.full(S, kmax) if max_model_len is None else np.maximum(int(max_model_len) - context - 1, 0)
+        n_prop[b] = np.minimum(ks[None, :], cap[:, None])
+    counts = []
+    for bound in (lower, upper):
+        C = np.concatenate([np.ones((B, S, 1)), np.cumprod(bound, axis=-1)], axis=-1)
+        counts.append(expected_walk(C, n_prop, n, ks))
+    return WalkBounds(counts[0], counts[1], n, exact_in_data, position_based=False)
+
+
 def walk_assisted(
     accept: Sequence[Interval],
     ks: Sequence[int] | np.ndarray,

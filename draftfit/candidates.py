@@ -44,10 +44,20 @@ class Derived(_Strict):
     first_layers: int = Field(ge=1, description="Number of the target's decoder layers to keep.")
 
 
+class TrainedHead(_Strict):
+    """An EAGLE-3 head trained here for the target by draftfit's recipe (draftfit.train_head), on the
+    bundled demo prompts less the ones the study predicts on."""
+
+    epochs: int = Field(6, ge=1, le=100, description="Passes over the training answers.")
+    draft_vocab: int = Field(8192, ge=16, description="Draft vocabulary: the most frequent answer tokens.")
+    max_tokens: int = Field(128, ge=8, description="Length of the target's training answers.")
+
+
 class DraftSpec(_Strict):
     method: Method = "draft_model"
     model: str | None = Field(None, description="Model reference of the draft (draft_model, eagle*, mtp).")
     derived: Derived | None = None
+    trained: TrainedHead | None = Field(None, description="eagle3 only: train the head here (then `model` is where rank put it).")
     prompt_lookup_min: int | None = Field(None, ge=1)
     prompt_lookup_max: int | None = Field(None, ge=1)
     quantization: str | None = None

@@ -224,6 +224,30 @@ class OffsetStepTime:
         return {**self.step.to_dict(), "source": self.source, "served_offset_s": self.offset_s}
 
 
+@dataclass(frozen=True)
+class ScaledStepTime:
+    """``step`` × ``scale``: a proposer that has no step profile of its own (an EAGLE head runs only
+    beside its target), timed as the target's passes scaled by its share of the target's weights —
+    an assumption (``basis`` says which), which the served timing of the real speculative engine
+    then corrects (draftfit.spec_timing)."""
+
+    step: StepTime
+    scale: float
+    basis: str
+
+    @property
+    def source(self) -> str:
+        return f"{self.step.source}×{self.scale:.3f}"
+
+    spec_step_s: float = 0.0
+
+    def step_time(self, batched_tokens: Any, kv_tokens: Any, seqs: Any = None) -> np.ndarray:
+        return self.scale * np.asarray(self.step.step_time(batched_tokens, kv_tokens, seqs), float)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**self.step.to_dict(), "source": self.source, "scale": self.scale, "scale_is": f"assumed: {self.basis}"}
+
+
 # --------------------------------------------------------------------------------------------
 # Draft costs
 # --------------------------------------------------------------------------------------------

@@ -26,12 +26,8 @@ estimator (exact, default). The ``marginal`` estimator uses ``p_t(token)`` from 
 top-K logprobs along the response (bounds when the token is not listed); see
 :mod:`draftfit.acceptance` for why it is only approximate.
 
-Suffix decoding (``method="suffix"``, ``vllm/v1/spec_decode/suffix_decoding.py``) needs the
-``arctic_inference`` package (not installed here) and keeps a suffix tree over the prompt *and
-over previous responses of other requests* (``suffix_decoding_max_cached_requests``), with
-dynamic speculation length (``suffix_decoding_max_tree_depth``, ``max_spec_factor``,
-``min_token_prob``); simulating it exactly needs the order in which requests were served. It is
-not simulated here.
+Suffix decoding (``method="suffix"``) is simulated with arctic-inference's own trees in
+:mod:`draftfit.suffix`.
 """
 
 from __future__ import annotations

@@ -314,7 +314,8 @@ class RankRun:
         # --- each draft model: one prefill per trajectory, its profile ---------------------------
         drafts: dict[str, tuple[ModelRef, list[str]]] = {}
         for p in plans:
-            if p.draft_ref is not None and not p.skip_reason:
+            # a head (EAGLE-3) is no model of its own to load: its method reads the target's states instead
+            if p.draft_ref is not None and not p.skip_reason and get_method(p.method).scores_model:
                 drafts.setdefault(fingerprint(p.draft_ref), (p.draft_ref, []))[1].append(p.candidate.name)
         for fp, (draft, names) in drafts.items():
             if fp in scores_by_fp:
@@ -438,8 +439,13 @@ class RankRun:
     def _served(self, candidate, method, target_step, draft_cost, context_len):
         """The candidate's cost terms corrected by the timed served steps (draftfit.spec_timing):
         (target step, proposer cost, per-step overhead); unchanged when nothing was timed."""
-        from draftfit.costmodel import OffsetStepTime, ScaledDraftCost, predict_costs
-        from draftfit.spec_timing import served_correction
+        from draftfit.costmodel import (
+            OffsetStepTime,
+            ScaledDraftCost,
+            ScaledStepTime,
+            predict_costs,
+        )
+        from draftfit.spec_timing import ASSUMED_SCALE_RANGE, DRAFT_SCALE_RANGE, served_correction
 
         timings = self.spec_steps.get(candidate.name)
         if not timings and self.served_base is None:
@@ -453,7 +459,9 @@ class RankRun:
                                  spec_overhead_s=0.0)
             return float(bare.t_base[0]), float(bare.t_verify[0, 0]), float(bare.t_draft[0, 0])
 
-        correction = served_correction(self.served_base, timings[-1], parts, model_free=method.model_free)
+        assumed = isinstance(getattr(draft_cost, "step", None), ScaledStepTime)
+        correction = served_correction(self.served_base, timings[-1], parts, model_free=method.model_free,
+                                       scale_range=ASSUMED_SCALE_RANGE if assumed else DRAFT_SCALE_RANGE)
         self.corrections[candidate.name] = correction
         target = OffsetStepTime(target_step, correction.base_offset_s)
         draft = draft_cost if correction.draft_scale == 1.0 else ScaledDraftCost(draft_cost, correction.draft_scale)
@@ -497,7 +505,7 @@ class RankRun:
         from draftfit.acceptance import bootstrap, segments, select_rule
         from draftfit.acceptance_walk import midpoint
         from draftfit.calibration import gpu_constants
-        from draftfit.costmodel import GpuStepTime, MeasuredStepTime, predict_costs
+        from draftfit.costmodel import GpuStepTime, MeasuredStepTime, ScaledStepTime, predict_costs
         from draftfit.hardware import ModelShape, StepProfile
         from draftfit.metrics import SpecCounts
         from draftfit.ranking import rows_from_prediction
@@ -521,6 +529,11 @@ class RankRun:
 
         def step_time(fp: str, shape: ModelShape, role: str = "target"):
             if study.latency_source == "measured":
+                if fp not in profiles and role != "target":
+                    # a head has no engine of its own to profile: the target's passes × its weight share
+                    share = float(shape.active_params) / float(target_shape.active_params)
+                    return ScaledStepTime(MeasuredStepTime(StepProfile.from_dict(profiles[target_fp]["profile"])), share,
+                                          "the head's share of the target's parameters")
                 return MeasuredStepTime(StepProfile.from_dict(profiles[fp]["profile"]))
             return GpuStepTime(hardware.gpu, shape, constants, hardware.tensor_parallel_size, weight_dtype,
                                activation_dtype=weight_dtype, role=role)
@@ -536,7 +549,7 @@ class RankRun:
             ks = list(c.k)
             method = get_method(plan.method)
             walked = method.acceptance(plan, AcceptanceInputs(trajset, scores_by_fp, ks, rule, study.max_model_len, target_fp,
-                                                                    study.max_tokens))
+                                                              study.max_tokens, self.progress, target_ref))
             terms = method.cost(plan, step_time, trust_remote_code=self.trust_remote_code)
             draft_cost, draft_shape, cost_rank = terms.cost, terms.shape, terms.rank_cost
             # one walk gives the point AL, its counters and its per-position rates: halfway between

@@ -125,10 +125,14 @@ class ServedCorrection:
 
 
 DRAFT_SCALE_RANGE = (0.25, 4.0)  # outside it the timing is not trusted over the profile
+# a proposer without a profile of its own (an EAGLE head: the target's passes × its weight share) has
+# only an assumed cost, so the timing may move it further: a head's pass is mostly the engine's fixed
+# per-pass work on a CPU, not its weights
+ASSUMED_SCALE_RANGE = (0.25, 50.0)
 
 
 def served_correction(base: SpecStepTiming, timing: SpecStepTiming, parts: Callable[[int], tuple[float, float, float]],
-                      *, model_free: bool) -> ServedCorrection:
+                      *, model_free: bool, scale_range: tuple[float, float] = DRAFT_SCALE_RANGE) -> ServedCorrection:
     """The correction from the served baseline's timed step and the candidate's.
 
     ``parts(k)`` gives the profile's (baseline, verification, proposer) seconds at concurrency 1.
@@ -141,7 +145,7 @@ def served_correction(base: SpecStepTiming, timing: SpecStepTiming, parts: Calla
     rest = timing.seconds_per_step - f * (t_verify + offset) - (1 - f) * (t_base + offset)
     if model_free or f * t_draft <= 0:
         return ServedCorrection(offset, 1.0, rest, timing.k)
-    scale = float(np.clip(rest / (f * t_draft), *DRAFT_SCALE_RANGE))
+    scale = float(np.clip(rest / (f * t_draft), *scale_range))
     return ServedCorrection(offset, scale, 0.0, timing.k)
 
 

