@@ -203,7 +203,7 @@ def _format_validation(error: ValidationError) -> str:
 
 
 def _known_keys() -> list[str]:
-    return sorted({name for model in (Candidate, DraftSpec, Derived, StudySettings) for name in model.model_fields})
+    return sorted({name for model in (Candidate, DraftSpec, Derived, TrainedHead, StudySettings) for name in model.model_fields})
 
 
 def candidate_fields_help() -> str:
@@ -212,7 +212,8 @@ def candidate_fields_help() -> str:
     top = ", ".join(f"draft ({draft})" if name == "draft" else name for name in Candidate.model_fields)
     return (f"Candidate file keys: {top}, and study (the study settings: the option names with underscores, e.g. "
             f"sample_size). draft.method is one of {', '.join(CANDIDATE_METHODS)}; draft.derived is "
-            f"{{first_layers: N}}; k is 1–{MAX_K} or a list of such.")
+            f"{{first_layers: N}}; draft.trained (eagle3) is {{{', '.join(f'{k}: {v.default}' for k, v in TrainedHead.model_fields.items())}}} "
+            f"or any of them; k is 1–{MAX_K} or a list of such.")
 
 
 def _key(part: object) -> str:
