@@ -115,10 +115,18 @@ def test_saved_head_reads_back_in_speculators_format(tmp_path):
     assert raw["speculators_model_type"] == "eagle3" and raw["draft_vocab_size"] == DRAFT_VOCAB
     config, _ = read_config(tmp_path)
     assert config.speculators_format and config.norm_before_residual and config.aux_layer_ids == (0, 1, 2)
-    back = Eagle3Head.load(tmp_path, None) if "embed_tokens" in raw else None
-    assert back is None  # no embeddings in the checkpoint: vLLM shares the target's, and so must the loader
+    # no embeddings in the checkpoint: vLLM shares the target's, and so must the loader
     with pytest.raises(Exception, match="embed_tokens"):
         Eagle3Head.load(tmp_path, None)
+    from safetensors.torch import save_file
+
+    target = tmp_path / "target"
+    target.mkdir()
+    save_file({"model.embed_tokens.weight": head.embed.contiguous()}, str(target / "model.safetensors"))
+    back = Eagle3Head.load(tmp_path, target)
+    assert torch.equal(back.embed, head.embed) and torch.equal(back.d2t, head.d2t)
+    for name, value in head.t.items():  # written in bfloat16, as vLLM serves it
+        assert torch.allclose(back.t[name], value.to(torch.bfloat16).float()), name
 
 
 def _target_config():
