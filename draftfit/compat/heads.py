@@ -16,8 +16,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from draftfit.methods.mtp import MTP_LAYER_KEYS
+
 COMPATIBLE, INCOMPATIBLE = "compatible", "incompatible"
-MTP_LAYER_KEYS = ("num_nextn_predict_layers", "mtp_num_hidden_layers", "num_mtp_layers")
 
 
 @dataclass(frozen=True)

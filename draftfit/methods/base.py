@@ -229,5 +229,11 @@ class ModelFreeMethod(DraftMethod):
             raise ValueError(f"method {self.name} uses no model; remove `model`/`derived`/`trained`")
         super().validate(draft)
 
+    def cost(self, plan: PlannedDraft, step_time: StepTimeOf, *, trust_remote_code: bool = False) -> CostTerms:
+        """No weights: a host-side search per sequence and step (timed by the served steps)."""
+        from draftfit.costmodel import ModelFreeDraftCost
+
+        return CostTerms(ModelFreeDraftCost(self.name), None, 0.0)
+
     def legacy_flags(self, spec: SpecConfig) -> dict[str, Any]:
         raise NotImplementedError(f"method {self.name} has no flags before vLLM 0.8.2")

@@ -9,7 +9,6 @@ from typing import Any
 
 from draftfit.methods.base import (
     AcceptanceInputs,
-    CostTerms,
     EngineSpec,
     ModelFreeMethod,
     PlannedDraft,
@@ -50,11 +49,6 @@ class Ngram(ModelFreeMethod):
         lo, hi = lookup(plan.candidate.draft)
         return acceptance_walk.predict_ngram(inputs.trajset, inputs.ks, lo, hi, inputs.max_model_len, inputs.rule,
                                              max_tokens=inputs.max_tokens)
-
-    def cost(self, plan, step_time, *, trust_remote_code=False) -> CostTerms:
-        from draftfit.costmodel import ModelFreeDraftCost
-
-        return CostTerms(ModelFreeDraftCost(self.name), None, 0.0)
 
     def deploy_extra(self, candidate) -> dict[str, Any]:
         lo, hi = lookup(candidate.draft)

@@ -7,7 +7,7 @@ order (concurrency 1), with vLLM's default tree parameters — and walked for ev
 
 from __future__ import annotations
 
-from draftfit.methods.base import CostTerms, EngineSpec, ModelFreeMethod, PlannedDraft
+from draftfit.methods.base import EngineSpec, ModelFreeMethod, PlannedDraft
 
 NO_FLAG_UNTIL = (0, 8, 1)
 
@@ -33,11 +33,6 @@ class Suffix(ModelFreeMethod):
         trajs = list(inputs.trajset.trajectories)
         return suffix_walk([t.sequence for t in trajs], [t.response_start for t in trajs],
                            stop_positions(inputs.trajset, inputs.max_tokens), inputs.ks, max_model_len=inputs.max_model_len)
-
-    def cost(self, plan, step_time, *, trust_remote_code=False) -> CostTerms:
-        from draftfit.costmodel import ModelFreeDraftCost
-
-        return CostTerms(ModelFreeDraftCost(self.name), None, 0.0)
 
     def engine_config(self, candidate, k, target_ref, extra, *, trust_remote_code=False) -> EngineSpec:
         return EngineSpec({"method": self.name, "num_speculative_tokens": int(k)} | extra)
