@@ -1,4 +1,4 @@
-"""Interrupt `draftfit rank` at each stage, and `draftfit verify` after a configuration, and check that each resumes with the same results.
+"""Interrupt `draftfit rank` at each stage, and `draftfit verify` after a group, and check that each resumes with the same results.
 
     python benchmarks/fault_injection.py [--cache DIR] [--seed-cache DIR] [--keep]
 
@@ -8,9 +8,9 @@ DRAFTFIT_FAULT=<stage>:<mode> and the same run started again without it, and pri
 the fault injected, whether the restart completed, which stages it reused, the engines each run
 started, temporary files or engine processes left behind by the fault, and whether what it
 decided (configs, ranking, recommendation, deploy command — not timings, ids or timestamps) is
-identical to the uninterrupted run's. Then `verify` (ngram k=2 at concurrency 1, 4 requests): an
-uninterrupted run, and one interrupted (raise, kill) after the baseline was measured and run
-again: it must keep that baseline, measure only the rest, and count what the uninterrupted run
+identical to the uninterrupted run's. Then `verify` (ngram k=2 and k=1 at concurrency 1, 4 requests,
+two groups): an uninterrupted run, and one interrupted (raise, kill) after the first group was
+measured and run again: it must keep that group, measure only the rest, and count what the uninterrupted run
 counted (vLLM's counters; latencies are new measurements). Starts real vLLM engines, one at a
 time (several minutes).
 """
@@ -68,12 +68,12 @@ def main() -> int:
         return 1
     verify_reference = faultcases.verify_decisions(verify_clean.data)
     for mode in faultcases.VERIFY_MODES:
-        print(f"case verify-config:{mode} ...", flush=True)
+        print(f"case verify-group:{mode} ...", flush=True)
         t0 = time.perf_counter()
         result = faultcases.run_verify_case(mode, ranked, work / f"verify-{mode}", cache)
         injected = not result.faulted.ok and ("fault injected" in result.faulted.ended or "killed" in result.faulted.ended)
         same = result.restart.ok and faultcases.verify_decisions(result.restart.data) == verify_reference
-        rows.append(("verify-config (verify)", mode, "yes" if injected else "NO", "yes" if result.restart.ok else "NO",
+        rows.append(("verify-group (verify)", mode, "yes" if injected else "NO", "yes" if result.restart.ok else "NO",
                      "baseline" if result.baseline_kept and result.resumed else "—", "— / —", "yes" if same else "NO",
                      ", ".join(f"engine pid {p}" for p in result.orphans) or "none", f"{time.perf_counter() - t0:.0f}"))
     headers = ("stage", "mode", "fault injected", "completed after restart", "stages reused", "engines fault/restart", "identical to clean run",

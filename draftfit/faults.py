@@ -39,7 +39,7 @@ STAGES = {
     "predict": "draftfit.pipeline.RankRun.run: predictions made, nothing written yet",
     "results": "draftfit.pipeline.RankRun.run: results.json and results.csv written, no report yet",
     "report": "draftfit.pipeline.RankRun.run: report.html written",
-    "verify-config": "draftfit.verify.run.VerifyRun.run: one configuration measured and saved",
+    "verify-group": "draftfit.verify.run.VerifyRun.run: one group (its baseline and configurations) measured and saved",
 }
 _reached: dict[str, int] = {}
 

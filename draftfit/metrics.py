@@ -220,6 +220,101 @@ def counts_from_vllm_metrics(metrics: Iterable[Any]) -> SpecCounts:
     return SpecCounts(drafts, draft_tokens, accepted, per_pos)
 
 
+# what a live `vllm serve` exposes at /metrics beside the spec-decode counters
+ITL_SECONDS = "vllm:inter_token_latency_seconds"  # histogram, one observation per output token after the first
+TPOT_SECONDS = "vllm:request_time_per_output_token_seconds"  # histogram, one observation per finished request
+REQUESTS_RUNNING = "vllm:num_requests_running"  # gauge
+REQUESTS_WAITING = "vllm:num_requests_waiting"  # gauge
+
+
+@dataclass(frozen=True)
+class Histogram:
+    """A Prometheus histogram summed over its label sets: cumulative bucket counts by upper bound."""
+
+    count: float = 0.0
+    total: float = 0.0
+    buckets: tuple[tuple[float, float], ...] = ()  # (le, cumulative count), le ascending
+
+    @property
+    def mean(self) -> float | None:
+        return self.total / self.count if self.count else None
+
+    def __sub__(self, other: Histogram) -> Histogram:
+        before = dict(other.buckets)
+        return Histogram(self.count - other.count, self.total - other.total,
+                         tuple((le, n - before.get(le, 0.0)) for le, n in self.buckets))
+
+    def quantile(self, q: float) -> float | None:
+        """Prometheus' ``histogram_quantile``: linear within the bucket that holds the q-th observation."""
+        if not self.count or not self.buckets:
+            return None
+        rank = q * self.count
+        lower_le, lower_n = 0.0, 0.0
+        for le, n in self.buckets:
+            if n >= rank:
+                if le == float("inf"):
+                    return lower_le
+                width = n - lower_n
+                return lower_le + (le - lower_le) * ((rank - lower_n) / width if width else 0.0)
+            lower_le, lower_n = le, n
+        return lower_le
+
+
+@dataclass(frozen=True)
+class ServerMetrics:
+    """One scrape of a vLLM server's /metrics, summed over engines: spec-decode counters (None
+    without speculation), the ITL and TPOT histograms, and the request gauges."""
+
+    counts: SpecCounts | None
+    itl: Histogram
+    tpot: Histogram
+    running: float
+    waiting: float
+
+    def __sub__(self, other: ServerMetrics) -> ServerMetrics:
+        counts = self.counts - other.counts if self.counts is not None and other.counts is not None else self.counts
+        return ServerMetrics(counts, self.itl - other.itl, self.tpot - other.tpot, self.running, self.waiting)
+
+
+def server_metrics(text: str) -> ServerMetrics:
+    """Parse the Prometheus text of vLLM's /metrics (``prometheus_client``'s parser)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    scalars: dict[str, float] = {}
+    per_pos: dict[int, float] = {}
+    hist: dict[str, dict[str, Any]] = {ITL_SECONDS: {}, TPOT_SECONDS: {}}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            name, labels, value = sample.name, sample.labels, float(sample.value)
+            if name == NUM_ACCEPTED_TOKENS_PER_POS + "_total":
+                position = int(labels.get("position", 0))
+                per_pos[position] = per_pos.get(position, 0.0) + value
+            elif name in (NUM_DRAFTS + "_total", NUM_DRAFT_TOKENS + "_total", NUM_ACCEPTED_TOKENS + "_total",
+                          REQUESTS_RUNNING, REQUESTS_WAITING):
+                scalars[name] = scalars.get(name, 0.0) + value
+            elif family.name in hist:
+                into = hist[family.name]
+                if name.endswith("_bucket"):
+                    le = float(labels["le"])
+                    into.setdefault("buckets", {})[le] = into.get("buckets", {}).get(le, 0.0) + value
+                elif name.endswith("_count"):
+                    into["count"] = into.get("count", 0.0) + value
+                elif name.endswith("_sum"):
+                    into["sum"] = into.get("sum", 0.0) + value
+    counts = None
+    if NUM_DRAFTS + "_total" in scalars:
+        vector = np.asarray([per_pos[i] for i in sorted(per_pos)], dtype=np.int64)
+        counts = SpecCounts(int(scalars[NUM_DRAFTS + "_total"]), int(scalars.get(NUM_DRAFT_TOKENS + "_total", 0)),
+                            int(scalars.get(NUM_ACCEPTED_TOKENS + "_total", 0)), vector)
+
+    def histogram(name: str) -> Histogram:
+        found = hist[name]
+        return Histogram(found.get("count", 0.0), found.get("sum", 0.0), tuple(sorted(found.get("buckets", {}).items())))
+
+    return ServerMetrics(counts, histogram(ITL_SECONDS), histogram(TPOT_SECONDS),
+                         scalars.get(REQUESTS_RUNNING, 0.0), scalars.get(REQUESTS_WAITING, 0.0))
+
+
 def decode_steps(walked, answer_lengths) -> tuple[np.ndarray, np.ndarray]:
     """Per k: useful tokens per decode step over all steps, and the share of steps with drafts.
 

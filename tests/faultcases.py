@@ -259,7 +259,9 @@ def orphan_engines(since: float, wait_s: float = 6.0) -> list[int]:
         found = []
         for proc in psutil.process_iter(["name", "cmdline", "create_time", "ppid", "status"]):
             info = proc.info
-            named = (info["name"] or "").startswith("VLLM") or any("VLLM::" in part for part in info["cmdline"] or [])
+            cmdline = info["cmdline"] or []
+            named = ((info["name"] or "").startswith("VLLM") or any("VLLM::" in part for part in cmdline)
+                     or "draftfit.engines.vllm_cli" in cmdline)  # a `vllm serve` verify started
             alive = info["status"] not in (psutil.STATUS_ZOMBIE, psutil.STATUS_DEAD)
             if named and alive and (info["create_time"] or 0) >= since and info["ppid"] == 1:
                 found.append(proc.pid)
@@ -279,11 +281,13 @@ def _whole(entry: Path) -> bool:
 
 
 # ---------------------------------------------------------------------------------------------
-# `draftfit verify`: interrupted after a configuration was measured and saved, then run again
+# `draftfit verify`: interrupted after a group (its baseline and configuration) was measured and
+# saved, then run again
 
 # one level, temperature 0: vLLM's counters are deterministic, so a resumed run must count
-# exactly what the uninterrupted one counted
-VERIFY_ARGS = ["--config", "ngram-2-4:2", "--concurrency", "1", "--requests", "4", "--gpu-memory-utilization", "0.1"]
+# exactly what the uninterrupted one counted; two servers at once make two groups of one configuration
+VERIFY_ARGS = ["--config", "ngram-2-4:2", "--config", "ngram-2-4:1", "--concurrency", "1", "--requests", "4",
+               "--gpu-memory-utilization", "0.1", "--servers-at-once", "2", "--rounds", "1"]
 VERIFY_MODES = ("raise", "kill")
 
 
@@ -309,11 +313,11 @@ class VerifyCaseResult:
 
     @property
     def baseline_kept(self) -> bool:
-        """The baseline the faulted run measured is the one the restart kept (not measured again)."""
-        def base(data):
-            return [e for e in (data or {}).get("measured") or [] if e.get("candidate") is None]
+        """The group the faulted run measured (its baseline too) is the one the restart kept (not measured again)."""
+        def first(data):
+            return [e for e in (data or {}).get("measured") or [] if e.get("group") == 0]
 
-        return bool(base(self.faulted.data)) and base(self.faulted.data) == base(self.restart.data)
+        return bool(first(self.faulted.data)) and first(self.faulted.data) == first(self.restart.data)
 
     @property
     def resumed(self) -> bool:
@@ -322,12 +326,12 @@ class VerifyCaseResult:
 
 
 def run_verify_case(mode: str, ranked: Path, work: Path, cache: Path) -> VerifyCaseResult:
-    """Copy the ranked results, interrupt verify after its first configuration (the baseline), run it again."""
+    """Copy the ranked results, interrupt verify after its first group (baseline and configuration), run it again."""
     work.mkdir(parents=True, exist_ok=True)
     results = work / "results.json"
     shutil.copy(ranked, results)
     started = time.time()
-    faulted = verify_subprocess(results, cache, f"verify-config:{mode}")
+    faulted = verify_subprocess(results, cache, f"verify-group:{mode}")
     orphans = orphan_engines(since=started)
     restart = verify_subprocess(results, cache)
     return VerifyCaseResult(mode, faulted, restart, orphans)

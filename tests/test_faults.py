@@ -126,19 +126,21 @@ def test_kill_during_a_derived_draft_leaves_a_temporary_directory_that_is_swept(
     shutil.rmtree(cache)
 
 
-def test_verify_killed_after_a_configuration_goes_on_where_it_stopped(study, tmp_path):
-    """`verify` killed with SIGKILL (no clean-up at all) right after the baseline was measured and
-    saved: the results file is whole, no engine is left running, and the same command run again
-    keeps that baseline, measures only the configuration that was left and ends complete."""
+def test_verify_killed_after_a_group_goes_on_where_it_stopped(study, tmp_path):
+    """`verify` killed with SIGKILL (no clean-up at all) right after its first group (the baseline
+    and ngram k=2, two servers side by side) was measured and saved: the results file is whole, no
+    engine or server is left running, and the same command run again keeps that group, measures
+    only the group that was left (its own baseline and k=1) and ends complete."""
     from draftfit.results import load
 
     ranked = study["reports"] / "clean" / "results.json"
     result = faultcases.run_verify_case("kill", ranked, tmp_path / "verify", study["cache"])
     assert result.faulted.ended.startswith("killed (-9)") and result.orphans == []
-    assert [e["candidate"] for e in result.faulted.data["measured"]] == [None]  # the baseline, saved
+    assert [(e["group"], e["candidate"], e["k"]) for e in result.faulted.data["measured"]] == [
+        (0, None, None), (0, "ngram-2-4", 2)]  # the first group, saved
     load(tmp_path / "verify" / "results.json")
     assert result.restart.ok, result.restart.ended
     assert result.baseline_kept and result.resumed
     measured = faultcases.verify_decisions(result.restart.data)
-    assert [(c, k, level) for c, k, level, *_ in measured] == [("", 0, 1), ("ngram-2-4", 2, 1)]
+    assert [(c, k, level) for c, k, level, *_ in measured] == [("", 0, 1), ("", 0, 1), ("ngram-2-4", 1, 1), ("ngram-2-4", 2, 1)]
     assert all(not failed for *_, failed, _ in measured)

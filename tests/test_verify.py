@@ -25,7 +25,6 @@ from draftfit.errors import DraftfitError
 from draftfit.metrics import SpecCounts
 from draftfit.verify.comparison import (
     engine_sanity,
-    entry_key,
     merge_measured,
     relative_error,
     rollout_flags,
@@ -196,15 +195,36 @@ def test_relative_error(predicted, measured, error):
     assert got == (pytest.approx(error) if error is not None else None)
 
 
-def test_new_measurements_replace_old_ones_of_the_same_key():
-    old = [{"candidate": None, "k": None, "concurrency": 1, "verify_id": "a"},
+def test_verify_runs_stay_apart_and_only_the_same_run_replaces_an_entry():
+    """A later verify never puts its baseline beside an earlier run's speedups: each run's entries
+    are kept as they were measured, and only an entry of the same run, group, config and level
+    (an interrupted run measured again) is replaced."""
+    from draftfit.verify.comparison import latest_run
+
+    old = [{"candidate": None, "k": None, "concurrency": 1, "verify_id": "a", "itl": 100},
            {"candidate": "x", "k": 2, "concurrency": 1, "verify_id": "a"},
            {"candidate": "x", "k": 2, "concurrency": 4, "verify_id": "a"}]
     new = [{"candidate": None, "k": None, "concurrency": 1, "verify_id": "b"},
-           {"candidate": "y", "k": 1, "concurrency": 1, "verify_id": "b"}]
+           {"candidate": "y", "k": 1, "concurrency": 1, "verify_id": "b"},
+           {"candidate": None, "k": None, "concurrency": 1, "verify_id": "a", "itl": 90}]
     merged = merge_measured(old, new)
     assert [(e["candidate"], e["k"], e["concurrency"], e["verify_id"]) for e in merged] == [
-        (None, None, 1, "b"), ("x", 2, 1, "a"), ("x", 2, 4, "a"), ("y", 1, 1, "b")]
+        (None, None, 1, "a"), ("x", 2, 1, "a"), ("x", 2, 4, "a"), (None, None, 1, "b"), ("y", 1, 1, "b")]
+    assert merged[0]["itl"] == 90
+    assert [(e["candidate"], e["verify_id"]) for e in latest_run(merged)] == [(None, "b"), ("y", "b")]
+
+
+def test_the_configs_rows_carry_only_the_last_runs_measurements():
+    from draftfit.verify.comparison import annotate_configs
+
+    configs = [{"candidate": "x", "k": 2, "per_concurrency": [{"concurrency": 1, "speedup_measured": 1.9, "al_measured": 2.0}]},
+               {"candidate": "y", "k": 1, "per_concurrency": [{"concurrency": 1}]}]
+    measured = [{"candidate": "x", "k": 2, "concurrency": 1, "verify_id": "a", "speedup_measured": 1.9},
+                {"candidate": "y", "k": 1, "concurrency": 1, "verify_id": "b", "speedup_measured": 1.2, "al_measured": 1.5}]
+    annotate_configs(configs, measured)
+    assert "speedup_measured" not in configs[0]["per_concurrency"][0]  # run a's figure is not beside run b's
+    assert configs[1]["per_concurrency"][0]["speedup_measured"] == 1.2
+    assert configs[1]["per_concurrency"][0]["verify_id_measured"] == "b"
 
 
 def test_recompare_keeps_measurements_and_redoes_predictions_errors_and_flags():
@@ -314,19 +334,16 @@ class StandInEngine:
         self.in_flight = 0
         self.max_in_flight = 0
 
-    async def generate(self, prompt, params, request_id):
-        class Out:
-            def __init__(self, finished):
-                self.outputs = [type("C", (), {"token_ids": [1], "finish_reason": "length" if finished else None})()]
-                self.finished = finished
+    async def stream(self, plan, prompt_index, request_id, max_tokens=None):
+        from draftfit.engines.vllm_server import StreamChunk
 
         self.in_flight += 1
         self.max_in_flight = max(self.max_in_flight, self.in_flight)
         try:
-            hang = list(prompt) == [3]
+            hang = list(plan.prompts[prompt_index]) == [3]
             for i in range(self.tokens):
                 await asyncio.sleep(3600 if hang and i == 1 else 0.01)
-                yield Out(i == self.tokens - 1)
+                yield StreamChunk(1, "length" if i == self.tokens - 1 else None)
         finally:
             self.in_flight -= 1
 
@@ -422,7 +439,9 @@ def verified(tmp_path_factory, engine_slot):
     folder = tmp_path_factory.mktemp("verify")
     candidate = folder / "ngram-2-4.yaml"
     candidate.write_text((REPO / "candidates" / "ngram-2-4.yaml").read_text().replace("k: [1, 2, 3, 4, 5, 6]", "k: [1, 2, 3]"))
-    ranked = CliRunner().invoke(cli, ["rank", str(candidate), *SMALL, "--profile-plan", "quick",
+    # float32 on every machine: bfloat16 answers of a batched offline run and of a server taking one
+    # request at a time differ (AMX machines), and so would their acceptance
+    ranked = CliRunner().invoke(cli, ["rank", str(candidate), *SMALL, "--dtype", "float32", "--profile-plan", "quick",
                                       "--reports-dir", str(folder), "--run-id", "v"])
     assert ranked.exit_code == 0, ranked.output
     path = folder / "v" / "results.json"
@@ -446,15 +465,21 @@ def test_verify_writes_measured_entries_beside_the_predictions(verified):
     assert keys == [("", 0, 1), ("", 0, 4), ("ngram-2-4", 3, 1), ("ngram-2-4", 3, 4)]
     for entry in data["measured"]:
         assert entry["kind"] == "measured" and entry["verify_id"] and isinstance(entry["flags"], list)
-        assert entry["errors"] == 0 and entry["completed"] == entry["requests"] == 6
+        assert entry["errors"] == 0 and entry["completed"] == entry["requests"] == 6 * entry["rounds"]
+        assert entry["rounds"] == 3 and entry["requests_per_run"] == 6
         assert entry["memory_measured"]["peak_engine_rss_gib"] > 0
-        assert entry["machine_load_measured"]["cpus"] >= 1
+        assert [load["round"] for load in entry["machine_load_measured"]] == [0, 1, 2]
+        assert all(load["cpus"] >= 1 and load["load_avg_1m_before"] is not None for load in entry["machine_load_measured"])
+        # the server path: the exact command, on localhost, and the prompts as `rank` rendered them
+        assert entry["serve_argv"][:2] == ["vllm", "serve"] and entry["server_url"].startswith("http://127.0.0.1:")
+        assert ("--speculative-config" in entry["serve_argv"]) == (entry["candidate"] is not None)
+        assert entry["prompt_token_mismatches"] == 0 and entry["prompts_hash"] == data["prompts"]["prompts_hash"]
     spec = entries(data, "ngram-2-4")[1]
     # the prediction sits beside the measurement, with the error of it
     assert spec["al_predicted"] > 1 and spec["speedup_predicted"] > 0 and spec["itl_ms_predicted"] > 0
     assert spec["al_error"] == pytest.approx((spec["al_predicted"] - spec["al_measured"]) / spec["al_measured"])
-    # temperature 0: the prediction is exact given the target's answers (bf16 batching aside)
-    assert abs(spec["al_error"]) < 0.1
+    # temperature 0, float32: the prediction is exact given the target's answers
+    assert abs(spec["al_error"]) < 0.03
     assert spec["engine_fault"] is None
     assert (path.parent / "report.html").is_file() and f"report: {path.parent / 'report.html'}" in result.output
     with path.with_suffix(".csv").open() as handle:
@@ -475,6 +500,8 @@ def test_counters_are_vllms_for_speculation_and_absent_for_the_baseline(verified
         assert len(c["accepted_per_pos"]) == 3 and sum(c["accepted_per_pos"]) == c["num_accepted_tokens"]
         assert entry["al_measured"] == pytest.approx(1 + c["num_accepted_tokens"] / c["num_drafts"])
         assert entry["acceptance_rate_measured"] == pytest.approx(c["num_accepted_tokens"] / c["num_draft_tokens"])
+        if entry["concurrency"] == 1:  # temperature 0, one request at a time: every round accepts the same
+            assert len(set(entry["al_rounds_measured"])) == 1
         assert entry["per_position_measured"] == pytest.approx([a / c["num_drafts"] for a in c["accepted_per_pos"]])
         # every drafted step emits its accepted tokens plus one: no more than the tokens streamed
         assert c["num_drafts"] + c["num_accepted_tokens"] <= entry["output_tokens_measured"]
@@ -505,8 +532,15 @@ def test_speedup_and_flags_compare_with_the_baseline_at_the_same_level(verified)
     _, data, _ = verified
     base, spec = entries(data, None), entries(data, "ngram-2-4")
     for level in (1, 4):
-        expected = base[level]["itl_ms_measured"]["mean"] / spec[level]["itl_ms_measured"]["mean"]
+        # per interleaved round: the baseline's mean ITL over the configuration's; the median of those
+        rounds = [b / s for b, s in zip(base[level]["itl_rounds_measured"]["per_round"],
+                                        spec[level]["itl_rounds_measured"]["per_round"], strict=True)]
+        assert spec[level]["speedup_rounds_measured"] == pytest.approx(rounds)
+        expected = float(np.median(rounds))
         assert spec[level]["speedup_measured"] == pytest.approx(expected)
+        assert spec[level]["speedup_ci_low_measured"] <= spec[level]["speedup_ci_high_measured"]
+        assert spec[level]["baseline_ref"]["itl_ms_median"] == base[level]["itl_rounds_measured"]["median"]
+        assert ("rounds-disagree" in spec[level]["flags"]) == spec[level]["rounds_disagree"]
         assert ("slower-than-baseline" in spec[level]["flags"]) == (expected < 1)
         assert ("itl-p99-worse" in spec[level]["flags"]) == (spec[level]["itl_ms_measured"]["p99"] > base[level]["itl_ms_measured"]["p99"])
     flagged = [e for e in data["measured"] if e["flags"]]
@@ -578,37 +612,42 @@ def test_an_interrupted_verify_goes_on_where_it_stopped(verified, tmp_path, monk
     _, clean, path = verified
     results = tmp_path / "results.json"
     shutil.copy(path.parent.parent / "ranked.json", results)
-    args = ["verify", str(results), "--config", "ngram-2-4:3", "--gpu-memory-utilization", "0.1"]
-    measured: list[str] = []
-    original = verify_mod.measure_config
+    args = ["verify", str(results), "--config", "ngram-2-4:3", "--config", "ngram-2-4:2", "--gpu-memory-utilization", "0.1",
+            "--servers-at-once", "2", "--rounds", "2"]
+    measured: list[list[str]] = []
+    original = verify_mod.measure_group
 
-    def counting(config, *a, **kw):
-        measured.append(config.label)
-        return original(config, *a, **kw)
+    async def counting(group, *a, **kw):
+        measured.append([c.label for c in group])
+        return await original(group, *a, **kw)
 
-    monkeypatch.setattr(verify_mod, "measure_config", counting)
-    monkeypatch.setenv("DRAFTFIT_FAULT", "verify-config")  # the first configuration's fault point: the baseline
+    monkeypatch.setattr(verify_mod, "measure_group", counting)
+    monkeypatch.setenv("DRAFTFIT_FAULT", "verify-group")  # after the first group (baseline + ngram-2-4 k=3) was saved
     faults._reached.clear()
     with pytest.raises(faults.InjectedFault):
         CliRunner().invoke(cli, args, catch_exceptions=False)
     monkeypatch.delenv("DRAFTFIT_FAULT")
     interrupted = json.loads(results.read_text())
-    assert measured == ["baseline"]
-    assert sorted(e["concurrency"] for e in interrupted["measured"]) == [1, 4]
+    assert measured == [["ngram-2-4 k=3"]]
+    assert sorted((e["group"], e["candidate"] or "", e["concurrency"]) for e in interrupted["measured"]) == [
+        (0, "", 1), (0, "", 4), (0, "ngram-2-4", 1), (0, "ngram-2-4", 4)]
     assert [r["status"] for r in interrupted["provenance"]["verify"]] == ["running"]
 
     result = CliRunner().invoke(cli, args)
     assert result.exit_code == 0, result.output
-    assert measured == ["baseline", "ngram-2-4 k=3"]  # the baseline was not measured again
+    assert measured == [["ngram-2-4 k=3"], ["ngram-2-4 k=2"]]  # the first group was not measured again
     data = json.loads(results.read_text())
     runs = data["provenance"]["verify"]
     assert len(runs) == 1 and runs[0]["status"] == "complete" and runs[0]["resumed"] == 1
-    assert entries(data, None) == entries(interrupted, None)  # kept as measured before the interruption
-    assert sorted(map(entry_key, data["measured"]), key=str) == sorted(map(entry_key, clean["measured"]), key=str)
+    first = [e for e in data["measured"] if e["group"] == 0]
+    assert first == interrupted["measured"]  # kept as measured before the interruption
     assert {e["verify_id"] for e in data["measured"]} == {runs[0]["verify_id"]}
-    spec = entries(data, "ngram-2-4")
-    assert spec[1]["counts_measured"] == entries(clean, "ngram-2-4")[1]["counts_measured"]
-    assert spec[1]["baseline_verify_id"] == runs[0]["verify_id"] and spec[4]["speedup_measured"] > 0
+    # each group's speedups divide by that group's own baseline
+    for entry in data["measured"]:
+        if entry["candidate"] is not None:
+            assert entry["baseline_ref"]["group"] == entry["group"] and entry["speedup_measured"] > 0
+    spec = {e["concurrency"]: e for e in first if e["candidate"] == "ngram-2-4"}
+    assert spec[1]["al_measured"] == entries(clean, "ngram-2-4")[1]["al_measured"]  # temperature 0: vLLM's counters agree
 
     # finished: the same command would measure everything again, as a new run
     assert verify_mod.unfinished_run(results_mod.load(results), runs[0]["plan_key"]) is None
@@ -657,3 +696,195 @@ def test_the_committed_example_verifies_anywhere_in_a_dry_run(smollm2_model):
     result = CliRunner().invoke(cli, ["verify", str(example), "--dry-run"])
     assert result.exit_code == 0, result.output
     assert "baseline: no speculation" in result.output and "ngram-2-4 k=2" in result.output
+
+
+# ---------------------------------------------------------------------------------------------
+# the server's lifecycle, and `watch` against a real `vllm serve`
+
+def _servers_since(since: float) -> list[int]:
+    """`vllm serve` processes verify started (and their vLLM workers) after ``since`` that still run."""
+    import psutil
+
+    found = []
+    for proc in psutil.process_iter(["name", "cmdline", "create_time", "status"]):
+        info = proc.info
+        cmdline = info["cmdline"] or []
+        ours = "draftfit.engines.vllm_cli" in cmdline or (info["name"] or "").startswith("VLLM")
+        if ours and (info["create_time"] or 0) >= since and info["status"] not in (psutil.STATUS_ZOMBIE, psutil.STATUS_DEAD):
+            found.append(proc.pid)
+    return found
+
+
+def _wait_for_server(proc, timeout_s: float = 600.0) -> str:
+    """The URL of the first server ``proc`` started, once it answers /health."""
+    import time
+    import urllib.request
+
+    import psutil
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, "verify ended before its server was up"
+        for child in psutil.Process(proc.pid).children(recursive=True):
+            try:
+                cmdline = child.cmdline()
+            except psutil.Error:
+                continue
+            if "draftfit.engines.vllm_cli" in cmdline:
+                url = f"http://127.0.0.1:{cmdline[cmdline.index('--port') + 1]}"
+                try:
+                    if urllib.request.urlopen(url + "/health", timeout=2).status == 200:
+                        return url
+                except OSError:
+                    pass
+        time.sleep(1)
+    raise AssertionError("no server came up")
+
+
+@pytest.mark.slow
+@pytest.mark.engine
+@pytest.mark.parametrize("how", ["SIGKILL", "SIGINT"])
+def test_a_server_verify_started_never_outlives_it(verified, tmp_path, how):
+    """kill -9 of draftfit (nothing in it runs to clean up: the watchdog ends the server) and
+    Ctrl-C (draftfit stops the server in order) while its servers answer: none is left."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    _, _, path = verified
+    results = tmp_path / "results.json"
+    shutil.copy(path.parent.parent / "ranked.json", results)
+    started = time.time()
+    proc = subprocess.Popen([sys.executable, "-m", "draftfit", "verify", str(results), "--config", "ngram-2-4:3",
+                             "--rounds", "1", "--gpu-memory-utilization", "0.1"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        _wait_for_server(proc)
+        os.kill(proc.pid, getattr(signal, how))
+        code = proc.wait(120)
+        assert code == (-9 if how == "SIGKILL" else 130)
+        deadline = time.monotonic() + 30
+        while _servers_since(started) and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert _servers_since(started) == []
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+
+
+@pytest.fixture(scope="module")
+def served(verified):
+    """A real `vllm serve` of ngram-2-4 k=3 (the study's engine settings) with the study's prompts sent
+    to it once at concurrency 1 while `draftfit watch` scrapes it; its counters read directly after."""
+    import subprocess
+    import sys
+
+    from draftfit.engines import EngineConfig
+    from draftfit.engines.vllm_async import run_async
+    from draftfit.engines.vllm_server import ServerClient, VLLMServer
+    from draftfit.prompts.sampling import study_prompts
+    from draftfit.refs import metadata_dir
+    from draftfit.verify.run import VerifyRun
+
+    _, _, path = verified
+    results, study, target_ref, target_dir, configs, levels = VerifyRun(path, configs=["ngram-2-4:3"]).plan()
+    sample = study_prompts(study, metadata_dir(target_ref))
+    plan = RunPlan([list(i.input_ids) for i in sample.items], 0.0, 1.0, study.max_tokens, study.seed, (1,), len(sample.items),
+                   texts=[i.text for i in sample.items], chats=[i.messages for i in sample.items])
+    options = EngineConfig(dtype=study.dtype, max_model_len=study.max_model_len, gpu_memory_utilization=0.1, seed=study.seed)
+    out: dict = {}
+
+    async def serve() -> None:
+        async with VLLMServer(target_dir, options, configs[0].speculative_config, log_path=path.parent / "watch-server.log",
+                              label="watch") as server, ServerClient(server.url) as client:
+            out["url"] = server.url
+            before = await client.counts()
+            import asyncio
+            import signal
+
+            watch_json = path.parent / "watch.json"
+            watcher = subprocess.Popen([sys.executable, "-m", "draftfit", "watch", server.url, "--results", str(path),
+                                        "--config", "ngram-2-4:3", "--interval", "1", "--duration", "900",
+                                        "--json", str(watch_json)],
+                                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+            while not watch_json.exists():  # the watch's first scrape (its zero) comes before the traffic
+                assert watcher.poll() is None, watcher.communicate()[0]
+                await asyncio.sleep(0.5)
+            for _ in range(3):
+                await send_load(client, plan, 1, "watch")
+            out["counts"] = (await client.counts()) - before
+            for _ in range(60):  # until a scrape after the traffic
+                await asyncio.sleep(1)
+                last = json.loads(watch_json.read_text())["observations"][-1]["measured"]
+                if last.get("drafts") == out["counts"].num_drafts:
+                    break
+            out["json"] = json.loads(watch_json.read_text())
+            watcher.send_signal(signal.SIGINT)
+            out["watch_output"], _ = await asyncio.to_thread(watcher.communicate, timeout=120)
+            once = subprocess.run([sys.executable, "-m", "draftfit", "watch", server.url, "--results", str(path),
+                                   "--config", "ngram-2-4:3", "--duration", "0"], capture_output=True, text=True, timeout=120)
+            out["once"] = once
+            wrong = subprocess.run([sys.executable, "-m", "draftfit", "watch", server.url, "--results", str(path),
+                                    "--config", "ngram-2-4:1", "--interval", "1", "--duration", "0"],
+                                   capture_output=True, text=True, timeout=120)
+            out["wrong"] = wrong
+            # verify --server: this server is the configuration, a second one the baseline
+            async with VLLMServer(target_dir, options, None, log_path=path.parent / "watch-server.log", label="baseline") as base:
+                staged = path.parent.parent / "staged.json"
+                shutil.copy(path.parent.parent / "ranked.json", staged)
+                out["staged_path"] = staged
+                out["staged"] = await asyncio.to_thread(
+                    subprocess.run, [sys.executable, "-m", "draftfit", "verify", str(staged), "--config", "ngram-2-4:3",
+                                     "--server", server.url, "--baseline-server", base.url, "--rounds", "2",
+                                     "--concurrency", "1"], capture_output=True, text=True, timeout=900)
+
+    run_async(serve)
+    return out
+
+
+@pytest.mark.slow
+@pytest.mark.engine
+def test_watch_reads_the_live_servers_counters_and_holds_them_to_the_prediction(served, verified):
+    _, data, _ = verified
+    counts, summary = served["counts"], served["json"]
+    last = summary["observations"][-1]["measured"]
+    # what watch measured since its first scrape is what the server counted over the traffic
+    assert last["drafts"] == counts.num_drafts and last["al"] == pytest.approx(counts.mean_acceptance_length)
+    assert last["per_position"] == pytest.approx(list(counts.per_position_rate))
+    assert last["itl_tokens"] > 0 and last["itl_ms"] > 0 and 0.5 <= last["concurrency"] <= 1.5
+    predicted = summary["observations"][-1]["predicted"]
+    config = next(c for c in data["configs"] if (c["candidate"], c["k"]) == ("ngram-2-4", 3))
+    assert predicted["al"] == config["al_predicted"] and predicted["k"] == 3
+    assert len(summary["observations"]) >= 10 and "AL" in served["watch_output"]
+    # the study's own prompts at temperature 0: the acceptance is the predicted one, no AL drift
+    assert not any("sliding" in d for d in summary["drift"]), summary["drift"]
+    # one scrape is its own zero: nothing to judge yet, so no drift
+    assert served["once"].returncode == 0 and "within its prediction" in served["once"].stdout
+
+
+@pytest.mark.slow
+@pytest.mark.engine
+def test_watch_exits_3_when_the_server_runs_another_k_and_2_when_it_cannot_reach_it(served, verified):
+    wrong = served["wrong"]
+    assert wrong.returncode == 3 and "not k=1" in wrong.stdout
+    _, _, path = verified
+    gone = CliRunner().invoke(cli, ["watch", "http://127.0.0.1:9", "--results", str(path), "--duration", "0"])
+    assert gone.exit_code == 2 and "cannot reach" in gone.output
+
+
+@pytest.mark.slow
+@pytest.mark.engine
+def test_verify_measures_servers_that_already_run(served):
+    """--server URL --baseline-server URL: nothing is started; the named configuration is measured
+    on the running servers, with vLLM's counters from their /metrics."""
+    assert served["staged"].returncode == 0, served["staged"].stdout + served["staged"].stderr
+    data = json.loads(served["staged_path"].read_text())
+    [run] = data["provenance"]["verify"]
+    assert run["engine"]["mode"] == "url" and run["status"] == "complete"
+    spec = entries(data, "ngram-2-4")[1]
+    assert spec["server_url"] == served["url"] and spec["serve_argv"] is None and spec["rounds"] == 2
+    assert spec["al_measured"] > 1 and spec["speedup_measured"] > 0 and spec["baseline_ref"]["rounds"] == 2
+    # temperature 0, one request at a time: the same acceptance as vLLM counted while watch ran
+    assert spec["al_measured"] == pytest.approx(served["counts"].mean_acceptance_length)

@@ -26,6 +26,7 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "rank": ("rank", "rank", "Rank (draft, k) candidates for your prompts, GPU and concurrency."),
     "report": ("report", "report", "Re-render the HTML report from a saved results.json."),
     "verify": ("verify", "verify", "Run real speculative decoding vs. a baseline; predicted vs. measured."),
+    "watch": ("watch", "watch", "Hold a live vLLM server's /metrics against the prediction; exit 3 on drift."),
 }
 
 

@@ -7,7 +7,6 @@ from collections.abc import Sequence
 from typing import Any
 
 from draftfit import results as results_mod
-from draftfit.verify.latency import PERCENTILES
 from draftfit.verify.selection import VerifyConfig
 
 
@@ -77,11 +76,29 @@ def _pct(value: float | None) -> str:
     return "—" if value is None else f"{100 * value:+.0f}%"
 
 
+def _interval_text(point: float | None, low: float | None, high: float | None, spec: str = ".2f") -> str:
+    if point is None:
+        return "—"
+    return f"{point:{spec}} [{_fmt(low, spec)},{_fmt(high, spec)}]" if low is not None else f"{point:{spec}}"
+
+
+def _load_text(entry: dict[str, Any]) -> str:
+    """The machine's load over the entry's rounds: the highest 1-minute load average and CPU steal."""
+    rounds = entry.get("machine_load_measured") or []
+    rounds = rounds if isinstance(rounds, list) else [rounds]
+    loads = [v for r in rounds for v in (r.get("load_avg_1m_before"), r.get("load_avg_1m_after")) if v is not None]
+    steal = [r["cpu_steal_share"] for r in rounds if r.get("cpu_steal_share") is not None]
+    text = f"{max(loads):.1f}" if loads else "—"
+    return text + (f"/{100 * max(steal):.0f}%" if steal else "")
+
+
 def format_summary(measured: Sequence[dict[str, Any]], verify_id: str | None = None) -> str:
-    """Predicted vs measured per (configuration, concurrency), with the relative error of each prediction."""
+    """Predicted vs measured per (configuration, concurrency) of one verify run: the measured
+    speedup and ITL as the median over rounds with their bootstrap 95% interval, the baseline
+    each speedup divides by, the machine's load, and the relative error of each prediction."""
     rows = [e for e in measured if verify_id is None or e.get("verify_id") == verify_id]
-    head = (f"{'config':<20} {'C':>3} {'AL pred':>7} {'meas':>6} {'err':>5}  {'× pred':>6} {'meas':>6} {'err':>5}  "
-            f"{'ITL pred':>8} {'p50/p95/p99 ms':>18} {'TTFT p50':>8} {'tok/s':>7}  flags")
+    head = (f"{'config':<20} {'C':>3} {'AL pred':>7} {'meas':>6} {'err':>5}  {'× pred':>6} {'× meas [95%]':>18} {'err':>5}  "
+            f"{'ITL pred':>8} {'ITL meas [95%] ms':>20} {'base ITL':>8} {'p95/p99':>9} {'TTFT p50':>8} {'load':>7}  flags")
     lines = [head, "-" * len(head)]
     for e in rows:
         name = "baseline" if e.get("candidate") is None else f"{e['candidate']} k={e['k']}"
@@ -89,13 +106,30 @@ def format_summary(measured: Sequence[dict[str, Any]], verify_id: str | None = N
             lines.append(f"{name:<20} {e['concurrency']:>3}  engine failed: {e.get('error')}")
             continue
         itl = e.get("itl_ms_measured") or {}
-        itl_text = "/".join(_fmt(itl.get(f"p{q}"), ".0f") for q in PERCENTILES)
+        rounds = e.get("itl_rounds_measured") or {}
+        itl_point = rounds.get("median", itl.get("mean"))
+        tails = "/".join(_fmt(itl.get(f"p{q}"), ".0f") for q in (95, 99))
+        base = (e.get("baseline_ref") or {}).get("itl_ms_median")
         lines.append(
             f"{name:<20} {e['concurrency']:>3} {_fmt(e.get('al_predicted')):>7} {_fmt(e.get('al_measured')):>6} {_pct(e.get('al_error')):>5}  "
-            f"{_fmt(e.get('speedup_predicted')):>6} {_fmt(e.get('speedup_measured')):>6} {_pct(e.get('speedup_error')):>5}  "
-            f"{_fmt(e.get('itl_ms_predicted'), '.1f'):>8} {itl_text:>18} {_fmt((e.get('ttft_ms_measured') or {}).get('p50'), '.0f'):>8} "
-            f"{_fmt(e.get('output_tok_s_measured'), '.1f'):>7}  {','.join(e.get('flags', [])) or '-'}"
+            f"{_fmt(e.get('speedup_predicted')):>6} "
+            f"{_interval_text(e.get('speedup_measured'), e.get('speedup_ci_low_measured'), e.get('speedup_ci_high_measured')):>18} "
+            f"{_pct(e.get('speedup_error')):>5}  {_fmt(e.get('itl_ms_predicted'), '.1f'):>8} "
+            f"{_interval_text(itl_point, rounds.get('ci_low'), rounds.get('ci_high'), '.1f'):>20} {_fmt(base, '.1f'):>8} "
+            f"{tails:>9} {_fmt((e.get('ttft_ms_measured') or {}).get('p50'), '.0f'):>8} {_load_text(e):>7}  "
+            f"{','.join(e.get('flags', [])) or '-'}"
         )
+    if rows:
+        first = rows[0]
+        groups = sorted({int(e.get("group") or 0) for e in rows})
+        lines.append(f"verify {first.get('verify_id')}: {first.get('rounds') or 1} round(s) per configuration and level, "
+                     f"{first.get('requests_per_run') or first.get('requests')} requests per run, prompts {str(first.get('prompts_hash') or '')[:12]}; "
+                     + (f"{len(groups)} groups, each speedup divided by its own group's baseline; " if len(groups) > 1 else "")
+                     + "load = highest 1-min load average / CPU steal over the rounds")
+    mismatched = sum(int(e.get("prompt_token_mismatches") or 0) for e in rows)
+    if mismatched:
+        lines.append(f"{mismatched} request(s): the server counted the prompt in other tokens than `rank` rendered it "
+                     "(its chat template differs); their acceptance is not the predicted text's")
     subsets = {e["prompts_predicted"] for e in rows if e.get("prompts_predicted")}
     if subsets:
         lines.append(f"predictions cover the {', '.join(map(str, sorted(subsets)))} prompts sent (the first of the sample), "

@@ -28,6 +28,19 @@ from draftfit.cli.options import int_list, show_prompts, trust_remote_code
 @click.option("--dtype", type=click.Choice(typing.get_args(Dtype)),
               help="The engines' dtype (auto: bfloat16 where the hardware computes it, else float32). Default: the study's, "
                    "as `rank` ran.")
+@click.option("--engine", type=click.Choice(["serve", "inprocess"]), default="serve", show_default=True,
+              help="serve: start each configuration's own `vllm serve` command on a free localhost port and measure it "
+                   "through the OpenAI-compatible API, as it will be deployed. inprocess: vLLM's AsyncLLM inside draftfit.")
+@click.option("--rounds", type=click.IntRange(min=1), default=3, show_default=True,
+              help="Interleaved rounds of the baseline and every configuration (A B A B …, the same prompts each round); "
+                   "speedups are the median over rounds with a bootstrap 95% interval.")
+@click.option("--servers-at-once", type=click.IntRange(min=1),
+              help="Servers up side by side (the baseline and the configurations of one group). Default: as many as fit "
+                   "in the memory available; 1 starts and stops each server in every round.")
+@click.option("--server", metavar="URL",
+              help="Measure a vLLM server that is already running (e.g. staging) instead of starting one; name the "
+                   "configuration it serves with --config NAME:K and pass the baseline's server with --baseline-server.")
+@click.option("--baseline-server", metavar="URL", help="With --server: a running server of the same model without speculation.")
 @trust_remote_code
 @show_prompts
 @click.option("--no-resume", is_flag=True,
@@ -36,12 +49,18 @@ from draftfit.cli.options import int_list, show_prompts, trust_remote_code
 @click.option("--dry-run", is_flag=True, help="Print what would run (configurations and vLLM speculative configs) and exit.")
 @click.pass_context
 def verify(ctx, results_file, top, configs, candidate_files, ks, concurrency, requests, timeout_s, gpu_memory_utilization,
-           dtype, trust_remote_code, show_prompts, no_resume, dry_run) -> None:
+           dtype, engine, rounds, servers_at_once, server, baseline_server, trust_remote_code, show_prompts, no_resume,
+           dry_run) -> None:
     """Measure real vLLM runs against the predictions in RESULTS_FILE.
 
-    Runs vLLM without speculation (the baseline) and with each chosen (candidate, k) on the
-    prompts and sampling parameters `rank` used, at each concurrency level, with the requests
-    streamed concurrently. Records TTFT, ITL and end-to-end latency (p50/p95/p99), output tok/s,
+    Starts the exact `vllm serve` command of the baseline (no speculation) and of each chosen
+    (candidate, k) on localhost, and sends them the prompts and sampling parameters `rank` used
+    through the OpenAI-compatible streaming API (chat prompts as messages), at each concurrency
+    level. The baseline and the configurations run in interleaved rounds (A B A B …) — all up at
+    once where memory allows — so the machine's drift falls on both sides; every speedup and ITL
+    is the median over rounds with a bootstrap 95% interval, and a run whose rounds disagree
+    beyond it is flagged. vLLM's spec-decode counters come from each server's /metrics,
+    differenced around each run; the machine's load is recorded per round. Records TTFT, ITL and end-to-end latency (p50/p95/p99), output tok/s,
     vLLM's own spec-decode counters (AL, acceptance rate, per position), errors and peak memory
     under `measured` in RESULTS_FILE (each entry beside its prediction and the error of it), flags
     every level where a configuration is slower than the baseline or has a worse p95/p99 ITL,
@@ -55,6 +74,8 @@ def verify(ctx, results_file, top, configs, candidate_files, ks, concurrency, re
       draftfit verify reports/RUN/results.json --top 3 --concurrency 1,4,8
       draftfit verify reports/RUN/results.json --config ngram-2-4:3
       draftfit verify reports/RUN/results.json --candidate candidates/eagle.yaml --k 3
+      draftfit verify reports/RUN/results.json --config ngram-2-4:3 --server http://staging:8000 \\
+          --baseline-server http://staging:8001
     """
     from draftfit.cli.console import has_output, is_debug, long_run
     from draftfit.cli.tables import describe_plan, format_summary
@@ -65,7 +86,8 @@ def verify(ctx, results_file, top, configs, candidate_files, ks, concurrency, re
     run = VerifyRun(results_file, top=top, configs=configs, candidate_files=candidate_files, ks=ks,
                     concurrency=concurrency, requests=requests, timeout_s=timeout_s,
                     gpu_memory_utilization=gpu_memory_utilization, dtype=dtype, argv=ctx.meta.get("draftfit.argv"), debug=debug,
-                    trust_remote_code=trust_remote_code, show_prompts=show_prompts, resume=not no_resume)
+                    trust_remote_code=trust_remote_code, show_prompts=show_prompts, resume=not no_resume,
+                    engine=engine, rounds=rounds, servers_at_once=servers_at_once, server=server, baseline_server=baseline_server)
     if dry_run:
         _, _, _, _, planned, levels = run.plan()
         click.echo(describe_plan(planned, levels, requests))

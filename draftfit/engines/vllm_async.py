@@ -237,6 +237,15 @@ class AsyncVLLMEngine:
         """vLLM's streamed outputs of one request."""
         return self._engine.generate({"prompt_token_ids": list(map(int, prompt_token_ids))}, params, request_id=request_id)
 
+    async def stream(self, plan, prompt_index: int, request_id: str, max_tokens: int | None = None):
+        """The load generator's view of :meth:`generate`: per output, the tokens it carried."""
+        from draftfit.engines.vllm_server import StreamChunk
+
+        params = plan.params(prompt_index, max_tokens)
+        async for out in self.generate(plan.prompts[prompt_index], params, request_id):
+            completion = out.outputs[0]
+            yield StreamChunk(len(completion.token_ids), str(completion.finish_reason) if out.finished else None)
+
     async def reset_prefix_cache(self) -> None:
         await self._engine.reset_prefix_cache()
 

@@ -84,7 +84,8 @@ def _end(known: dict[int, Noted]) -> None:
     for pid, noted in known.items():
         try:
             proc = psutil.Process(pid)
-            if proc.create_time() == noted.created and pid != os.getpid():
+            # the same process, not a new one with a reused pid (create times read apart may differ by a tick)
+            if abs(proc.create_time() - noted.created) < 1.0 and pid != os.getpid():
                 procs.append((proc, noted))
         except psutil.Error:
             continue

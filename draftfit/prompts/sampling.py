@@ -49,6 +49,7 @@ class PromptItem:
     text: str = field(repr=False)  # the input as sent: rendered template, scrubbed if asked
     kind: str = "prompt"  # "prompt" or "messages": which column the row used
     templated: bool = False  # draftfit applied the chat template
+    messages: list[dict[str, str]] | None = field(default=None, repr=False)  # the chat the template rendered (templated rows)
 
 
 @dataclass(frozen=True)
@@ -258,6 +259,7 @@ def sample_prompts(
     add_special = [False] * len(rows)
     kinds = ["prompt"] * len(rows)
     templated = [False] * len(rows)
+    chats_sent: list[list[dict[str, str]] | None] = [None] * len(rows)
     scrub_counts = [ScrubCounts()] * len(rows)
     dropped: list[DroppedPrompt] = []
     refused: list[int] = []
@@ -289,6 +291,7 @@ def sample_prompts(
             continue
         add_special[i] = not apply
         templated[i] = apply
+        chats_sent[i] = messages if apply else None
     if dropped:
         note(f"{len(dropped)} row(s) dropped: empty or refused by the chat template {labels(refused)}")
 
@@ -349,6 +352,7 @@ def sample_prompts(
             id=rows[i], category=categories[i], bucket=BUCKETS[int(buckets[j])],
             n_input_tokens=int(lengths[j]), input_ids=ids[i],  # type: ignore[arg-type]
             text=texts[i], kind=kinds[i], templated=templated[i],  # type: ignore[arg-type]
+            messages=chats_sent[i],
         ))
     dropped.sort(key=lambda d: d.id)
 

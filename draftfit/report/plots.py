@@ -320,7 +320,7 @@ def measured_figure(results: Results, what: str = "speedup"):
     """Measured against predicted (``what``: ``speedup`` or ``al``) for every config and concurrency
     ``draftfit verify`` ran; the diagonal is a perfect prediction."""
     key_m, key_p = ("speedup_measured", "speedup_predicted") if what == "speedup" else ("al_measured", "al_predicted")
-    rows = [r for r in explore.measured_vs_predicted(results)
+    rows = [r for r in explore.measured_vs_predicted(results, latest_only=True)
             if not r["baseline"] and explore.is_finite(r[key_m]) and explore.is_finite(r[key_p])]
     if not rows:
         return None
@@ -348,7 +348,7 @@ def measured_figure(results: Results, what: str = "speedup"):
 def measured_positions_figure(results: Results):
     """Per-position acceptance measured by ``draftfit verify`` (vLLM's counters; markers, at the lowest
     concurrency measured) against the prediction (lines), for every measured config."""
-    rows = [r for r in explore.measured_vs_predicted(results) if not r["baseline"] and r["per_position_measured"]]
+    rows = [r for r in explore.measured_vs_predicted(results, latest_only=True) if not r["baseline"] and r["per_position_measured"]]
     if not rows:
         return None
     first: dict[str, dict] = {}

@@ -32,6 +32,7 @@ ROLLOUT_FLAGS = {
     "itl-p95-worse": "p95 ITL above the baseline's",
     "itl-p99-worse": "p99 ITL above the baseline's",
     "errors": "requests failed or timed out",
+    "rounds-disagree": "a round's speedup (baseline: ITL) lies outside the interval the requests explain: the machine's speed moved",
     "engine-fault-suspected": "acceptance outside what the prediction allows (see engine_fault)",
     "engine-failed": "the engine did not start or died",
     "no-baseline": "no baseline measured at this concurrency",
@@ -108,6 +109,8 @@ def rollout_flags(entry: dict[str, Any], baseline: dict[str, Any] | None) -> lis
         return ["engine-failed"]
     if entry.get("errors"):
         flags.append("errors")
+    if entry.get("rounds_disagree"):
+        flags.append("rounds-disagree")
     if entry.get("engine_fault"):
         flags.append("engine-fault-suspected")
     if entry.get("candidate") is None:
@@ -219,7 +222,7 @@ def compare(entry: MeasuredEntry, predicted: dict[str, Any] | None, baseline: Me
     """Fill an entry's comparison with the baseline and the prediction, its fault and its flags."""
     k = entry.get("k")
     if not entry.get("engine_failed"):
-        if baseline is not None and not baseline.get("engine_failed") and k is not None:
+        if baseline is not None and not baseline.get("engine_failed") and k is not None and not entry.get("rounds"):
             base_itl = (baseline.get("itl_ms_measured") or {}).get("mean")
             mine_itl = (entry.get("itl_ms_measured") or {}).get("mean")
             entry["speedup_measured"] = base_itl / mine_itl if base_itl and mine_itl else None
@@ -251,12 +254,13 @@ def recompare(results: results_mod.Results, measured: Sequence[MeasuredEntry], *
     model changed): the measurements are kept, predictions, errors, faults and flags recomputed."""
     study = StudySettings.model_validate(results.study)
     rule = select_rule(study.temperature, study.draft_sample_method)
-    baselines = {e["concurrency"]: e for e in measured if e.get("candidate") is None}
+    baselines = {(e.get("verify_id"), e.get("group"), e["concurrency"]): e for e in measured if e.get("candidate") is None}
     out = []
     for entry in measured:
         entry = dict(entry)
         predicted = predicted_level(results, entry.get("candidate"), entry.get("k"), entry["concurrency"], entry.get("prompts_sent"))
-        baseline = baselines.get(entry["concurrency"]) if entry.get("candidate") is not None else None
+        baseline = (baselines.get((entry.get("verify_id"), entry.get("group"), entry["concurrency"]))
+                    if entry.get("candidate") is not None else None)
         out.append(compare(entry, predicted, baseline, draft_is_target=bool(entry.get("draft_is_target")), rule=rule,
                            temperature=study.temperature, device=device))
     return out
@@ -266,24 +270,51 @@ def entry_key(entry: dict[str, Any]) -> tuple[str | None, int | None, int]:
     return entry.get("candidate"), entry.get("k"), int(entry["concurrency"])
 
 
+def entry_label(entry: dict[str, Any]) -> str:
+    return "baseline" if entry.get("candidate") is None else f"{entry['candidate']} k={entry['k']}"
+
+
+def _run_key(entry: dict[str, Any]) -> tuple[str, int, str, int, int]:
+    return (str(entry.get("verify_id") or ""), int(entry.get("group") or 0), entry.get("candidate") or "",
+            int(entry.get("k") or 0), int(entry["concurrency"]))
+
+
 def merge_measured(existing: Sequence[MeasuredEntry], new: Sequence[MeasuredEntry]) -> list[MeasuredEntry]:
-    """New entries replace older ones of the same (candidate, k, concurrency); order: baseline, then by config."""
-    merged = {entry_key(e): e for e in existing}
-    merged.update({entry_key(e): e for e in new})
-    return sorted(merged.values(), key=lambda e: (e.get("candidate") is not None, e.get("candidate") or "", e.get("k") or 0, e["concurrency"]))
+    """Every verify run's entries kept apart: a new entry replaces only the one of the same run,
+    group, configuration and level (an interrupted run measured again). Each entry carries the
+    baseline it was divided by (``baseline_ref``), so runs are never mixed. Order: by run, then
+    group, baseline first, then by configuration."""
+    merged = {_run_key(e): e for e in existing}
+    merged.update({_run_key(e): e for e in new})
+    return sorted(merged.values(), key=lambda e: (str(e.get("verify_id") or ""), int(e.get("group") or 0),
+                                                  e.get("candidate") is not None, e.get("candidate") or "", e.get("k") or 0,
+                                                  e["concurrency"]))
+
+
+def latest_run(measured: Sequence[MeasuredEntry]) -> list[MeasuredEntry]:
+    """The entries of the last verify run (run ids sort by time): what tables and headline figures show."""
+    ids = sorted({str(e.get("verify_id") or "") for e in measured})
+    return [e for e in measured if str(e.get("verify_id") or "") == ids[-1]] if ids else []
 
 
 def annotate_configs(configs: list[ConfigEntry], measured: Sequence[MeasuredEntry]) -> None:
-    """Copy the headline measured figures into the matching ``configs[].per_concurrency`` rows (the CSV's *_measured columns)."""
-    by_key = {entry_key(e): e for e in measured if e.get("candidate") is not None}
+    """Copy the headline measured figures of the last verify run into the matching
+    ``configs[].per_concurrency`` rows (the CSV's *_measured columns)."""
+    by_key = {entry_key(e): e for e in latest_run(measured) if e.get("candidate") is not None}
     for config in configs:
         for level in config.get("per_concurrency", []):
+            for key in ("al_measured", "speedup_measured", "speedup_ci_low_measured", "speedup_ci_high_measured",
+                        "itl_p50_ms_measured", "verify_id_measured"):
+                level.pop(key, None)  # an earlier run's figures never stand beside this run's
             entry = by_key.get((config["candidate"], config["k"], level["concurrency"]))
             if entry is None:
                 continue
             level["al_measured"] = entry.get("al_measured")
             level["speedup_measured"] = entry.get("speedup_measured")
+            level["speedup_ci_low_measured"] = entry.get("speedup_ci_low_measured")
+            level["speedup_ci_high_measured"] = entry.get("speedup_ci_high_measured")
             level["itl_p50_ms_measured"] = (entry.get("itl_ms_measured") or {}).get("p50")
+            level["verify_id_measured"] = entry.get("verify_id")
 
 
 def verify_summary(measured: Sequence[dict]) -> dict[str, Any]:

@@ -29,6 +29,7 @@ class RequestRecord:
     chunk_tokens: list[int] = field(default_factory=list)  # tokens in it
     finish_reason: str | None = None
     error: str | None = None
+    prompt_tokens: int | None = None  # the prompt's length as the server counted it (server runs)
 
     @property
     def tokens(self) -> int:

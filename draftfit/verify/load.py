@@ -6,10 +6,11 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
 
-from draftfit.engines.vllm_async import AsyncVLLMEngine
+from draftfit.engines.vllm_server import StreamChunk
 from draftfit.verify.latency import RequestRecord
 
 log = logging.getLogger(__name__)
@@ -30,6 +31,25 @@ class RunPlan:
     levels: tuple[int, ...]
     requests: int
     timeout_s: float = DEFAULT_TIMEOUT_S
+    texts: list[str] = field(default_factory=list)  # the prompts as text (what a completions request sends)
+    chats: list[list[dict[str, str]] | None] = field(default_factory=list)  # the chat of templated prompts
+
+    def api_request(self, prompt_index: int, max_tokens: int | None = None) -> tuple[dict[str, Any], bool]:
+        """The OpenAI-API body for one prompt, and whether it goes to the chat endpoint: a prompt
+        draftfit rendered through the chat template is sent as its messages (the server renders
+        them), any other as its text; sampling as :meth:`params`."""
+        greedy = self.temperature < 1e-5
+        body: dict[str, Any] = {
+            "temperature": 0.0 if greedy else float(self.temperature), "top_p": 1.0 if greedy else float(self.top_p),
+            "seed": int(self.seed) + int(prompt_index),
+        }
+        tokens = int(max_tokens or self.max_tokens)
+        chat = self.chats[prompt_index] if prompt_index < len(self.chats) else None
+        if chat is not None:
+            return {**body, "messages": chat, "max_completion_tokens": tokens}, True
+        if prompt_index < len(self.texts):
+            return {**body, "prompt": self.texts[prompt_index], "max_tokens": tokens}, False
+        return {**body, "prompt": list(self.prompts[prompt_index]), "max_tokens": tokens}, False
 
     def params(self, prompt_index: int, max_tokens: int | None = None):
         from vllm import SamplingParams
@@ -46,12 +66,19 @@ class RunPlan:
         )
 
 
+class LoadTarget(Protocol):
+    """What the load generator sends to: an in-process engine or a server's client."""
+
+    def stream(self, plan: RunPlan, prompt_index: int, request_id: str,
+               max_tokens: int | None = None) -> AsyncIterator[StreamChunk]: ...
+
+
 def stagger_tokens(index: int, concurrency: int, max_tokens: int) -> int:
     """Output tokens the run must have produced before request ``index`` of the first wave starts."""
     return 0 if index >= concurrency else (index * int(max_tokens)) // int(concurrency)
 
 
-async def send_load(engine: AsyncVLLMEngine, plan: RunPlan, concurrency: int, tag: str) -> list[RequestRecord]:
+async def send_load(engine: LoadTarget, plan: RunPlan, concurrency: int, tag: str) -> list[RequestRecord]:
     """``plan.requests`` streaming requests, at most ``concurrency`` in flight, bounded by ``plan.timeout_s``.
 
     The first wave is staggered: its j-th request starts once the run has produced
@@ -73,20 +100,20 @@ async def send_load(engine: AsyncVLLMEngine, plan: RunPlan, concurrency: int, ta
             async with progress:
                 await progress.wait_for(lambda: produced["tokens"] >= needed or all(r.end is not None for r in records[: record.index]))
         async with semaphore:
-            params = plan.params(record.prompt_index)
             record.start = time.perf_counter()
             try:
-                async for out in engine.generate(plan.prompts[record.prompt_index], params, f"{tag}-{record.index}"):
+                async for chunk in engine.stream(plan, record.prompt_index, f"{tag}-{record.index}"):
                     now = time.perf_counter()
-                    completion = out.outputs[0]
-                    if completion.token_ids:
+                    if chunk.prompt_tokens is not None:
+                        record.prompt_tokens = int(chunk.prompt_tokens)
+                    if chunk.tokens:
                         record.chunk_times.append(now)
-                        record.chunk_tokens.append(len(completion.token_ids))
+                        record.chunk_tokens.append(int(chunk.tokens))
                         async with progress:
-                            produced["tokens"] += len(completion.token_ids)
+                            produced["tokens"] += int(chunk.tokens)
                             progress.notify_all()
-                    if out.finished:
-                        record.finish_reason = str(completion.finish_reason)
+                    if chunk.finish_reason is not None:
+                        record.finish_reason = str(chunk.finish_reason)
             except asyncio.CancelledError:
                 record.error = f"timeout: unfinished after {plan.timeout_s:g} s"
                 raise

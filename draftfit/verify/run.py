@@ -1,12 +1,12 @@
-"""Orchestration of `draftfit verify`: the plan, one engine per configuration (baseline first),
-resume of an interrupted run, and the results file written after every configuration."""
+"""Orchestration of `draftfit verify`: the plan, the configurations in groups each measured in
+interleaved rounds with its own baseline, resume of an interrupted run, and the results file
+written after every group."""
 
 from __future__ import annotations
 
 import hashlib
 import json
 import logging
-import os
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -19,24 +19,38 @@ from draftfit import results as results_mod
 from draftfit.acceptance import select_rule
 from draftfit.candidates import StudySettings
 from draftfit.engines import EngineConfig
-from draftfit.engines.vllm_async import AsyncVLLMEngine, counts_delta, run_async
+from draftfit.engines.vllm_async import run_async
 from draftfit.errors import DraftfitError
 from draftfit.faults import fault_point
 from draftfit.io import atomic_write_json, atomic_write_text
-from draftfit.metrics import SpecCounts
 from draftfit.records import MeasuredEntry
 from draftfit.verify.comparison import (
     annotate_configs,
     compare,
-    entry_key,
+    entry_label,
+    latest_run,
     merge_measured,
     predicted_level,
     summary_lines,
 )
-from draftfit.verify.latency import RequestRecord, latency_summary
-from draftfit.verify.load import DEFAULT_TIMEOUT_S, RunPlan, send_load
+from draftfit.verify.latency import latency_summary
+from draftfit.verify.load import DEFAULT_TIMEOUT_S, RunPlan
+from draftfit.verify.measure import (
+    ConfigRuns,
+    Endpoints,
+    Mode,
+    groups_of,
+    measure_group,
+    servers_at_once,
+)
+from draftfit.verify.rounds import (
+    DEFAULT_ROUNDS,
+    RoundRun,
+    itl_over_rounds,
+    speedup_over_rounds,
+    summed_counts,
+)
 from draftfit.verify.selection import (
-    BASELINE,
     VerifyConfig,
     _target_ref,
     select_configs,
@@ -46,219 +60,120 @@ from draftfit.verify.selection import (
 log = logging.getLogger(__name__)
 Progress = Callable[[str], None]
 
-WARMUP_TOKENS = 4
 
-
-# ---------------------------------------------------------------------------------------------
-# what to run
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-# ---------------------------------------------------------------------------------------------
-# measuring: records of one run, and their summary
-
-
-
-
-
-
-
-
-# ---------------------------------------------------------------------------------------------
-# engine sanity, roll-out flags, prediction errors (pure functions of plain data)
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-# ---------------------------------------------------------------------------------------------
-# the engine: vLLM's AsyncLLM, started and stopped by draftfit
-
-
-
-
-
-
-
-
-def _load_average() -> float | None:
-    """The machine's 1-minute load average (other work competing for the CPUs), where the OS reports it."""
-    try:
-        return float(os.getloadavg()[0])
-    except (AttributeError, OSError):
-        return None
-
-
-
-
-
-
-@dataclass
-class LevelRun:
-    """One (configuration, concurrency) run: the client's records, vLLM's counters, memory."""
-
-    concurrency: int
-    records: list[RequestRecord]
-    counts: SpecCounts | None
-    memory: dict[str, Any]
-    wall_s: float
-    load: dict[str, Any] = field(default_factory=dict)
-
-
-@dataclass
-class EngineRun:
-    config: VerifyConfig
-    levels: list[LevelRun]
-    startup_s: float = 0.0
-    shutdown_s: float = 0.0
-    error: str | None = None
-
-
-
-
-
-
-
-
-
-
-async def _measure_engine(config: VerifyConfig, target_dir: Path, plan: RunPlan, options: EngineConfig,
-                          progress: Progress, run: EngineRun) -> None:
-    engine = AsyncVLLMEngine(target_dir, options, config.speculative_config)
-    interrupt: BaseException | None = None
-    try:
-        progress(f"{config.label}: starting vLLM")
-        try:
-            await engine.__aenter__()
-        except DraftfitError as exc:
-            run.error = exc.message
-            return
-        finally:
-            run.startup_s = engine.startup_s
-        # one short request so that first-call costs are not measured
-        async for _ in engine.generate(plan.prompts[0], plan.params(0, WARMUP_TOKENS), "warmup"):
-            pass
-        for level in plan.levels:
-            progress(f"{config.label}: {plan.requests} requests at concurrency {level}")
-            await engine.reset_prefix_cache()
-            counts_before = await engine.counts()
-            load_before = _load_average()
-            with engine.memory() as memory:
-                t0 = time.perf_counter()
-                records = await send_load(engine, plan, level, tag=f"c{level}")
-                wall = time.perf_counter() - t0
-            counts_after = await engine.counts()
-            load = {"kind": "measured", "load_avg_1m_before": load_before, "load_avg_1m_after": _load_average(), "cpus": os.cpu_count()}
-            run.levels.append(LevelRun(level, records, counts_delta(counts_after, counts_before), memory.to_dict(), wall, load))
-    except Exception as exc:  # an engine that dies mid-run: keep the levels measured so far
-        if run.error is None:
-            first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-            run.error = f"vLLM failed during the runs ({type(exc).__name__}: {first})"
-        log.debug("engine failure", exc_info=True)
-    except BaseException as exc:  # Ctrl-C: the engine ends its processes at once
-        interrupt = exc
-        raise
-    finally:
-        await engine.__aexit__(*((type(interrupt), interrupt, interrupt.__traceback__) if interrupt else (None,) * 3))
-        run.shutdown_s = engine.shutdown_s
-
-
-def measure_config(config: VerifyConfig, target_dir: Path, plan: RunPlan, options: EngineConfig,
-                   progress: Progress = lambda message: None) -> EngineRun:
-    """Start one engine for ``config``, run every concurrency level of ``plan``, stop the engine."""
-    run = EngineRun(config, [])
-    run_async(lambda: _measure_engine(config, target_dir, plan, options, progress, run))
-    return run
-
-
-def entries_of(run: EngineRun, verify_id: str, levels: Sequence[int]) -> list[MeasuredEntry]:
-    """The measured entries of one engine run (before comparison), one per concurrency level."""
-    config = run.config
-    common = {
-        "kind": "measured", "verify_id": verify_id, "candidate": config.candidate, "k": config.k,
-        "method": config.method, "draft": config.draft, "speculative_config": config.speculative_config,
-        "draft_is_target": config.draft_is_target,
+def _per_level(runs: Sequence[RoundRun], level: int) -> list[RoundRun]:
+    return [run for run in runs if run.concurrency == level]
+
+
+def _median(values: Sequence[float | None]) -> float | None:
+    found = [float(v) for v in values if v is not None and np.isfinite(v)]
+    return float(np.median(found)) if found else None
+
+
+def level_entry(runs: Sequence[RoundRun], baseline: Sequence[RoundRun] | None, common: dict[str, Any]) -> MeasuredEntry:
+    """The entry of one configuration at one level from its rounds (and its baseline's rounds).
+
+    Latency percentiles pool every round's requests; tok/s, duration and requests in flight are
+    medians over rounds; the mean ITL and the speedup are medians over rounds with a bootstrap
+    95% interval (:mod:`draftfit.verify.rounds`); vLLM's counters are summed over rounds.
+    """
+    records = [record for run in runs for record in run.records]
+    stats = latency_summary(records)
+    per_round = [latency_summary(run.records) for run in runs]
+    counts = summed_counts(runs)
+    entry: dict[str, Any] = {
+        **common, "engine_failed": False, "rounds": len(runs),
+        "requests": stats["requests"], "requests_per_run": len(runs[0].records), "completed": stats["completed"], "errors": stats["errors"],
+        "error_messages": stats["error_messages"], "finish_reasons": stats["finish_reasons"],
+        "output_tokens_measured": stats["output_tokens"],
+        "duration_s_measured": _median([r["duration_s"] for r in per_round]),
+        "output_tok_s_measured": _median([r["output_tok_s"] for r in per_round]),
+        "output_tok_s_rounds_measured": [r["output_tok_s"] for r in per_round],
+        "mean_in_flight_measured": _median([r["mean_in_flight"] for r in per_round]),
+        "ttft_ms_measured": stats["ttft_ms"], "itl_ms_measured": stats["itl_ms"],
+        "itl_rounds_measured": itl_over_rounds(runs),
+        "stream_gap_ms_measured": stats["stream_gap_ms"], "e2e_ms_measured": stats["e2e_ms"],
+        "memory_measured": max((run.memory for run in runs), key=lambda m: m.get("peak_engine_rss_gib") or 0.0),
+        "machine_load_measured": [{"round": run.round, **run.load} for run in runs],
+        "counts_measured": counts.to_dict() if counts is not None else None,
     }
+    mismatched = [r for r in records if r.prompt_tokens is not None and r.prompt_tokens != common["prompt_lengths"][r.prompt_index]]
+    entry["prompt_token_mismatches"] = len(mismatched)
+    if counts is not None and common.get("k") is not None:
+        summary = counts.summary()
+        entry["al_measured"] = summary["mean_acceptance_length"]
+        entry["acceptance_rate_measured"] = summary["acceptance_rate"]
+        entry["per_position_measured"] = summary["per_position_rate"]
+        entry["conditional_measured"] = summary["conditional_rate"]
+        entry["al_rounds_measured"] = [run.counts.mean_acceptance_length if run.counts is not None else None for run in runs]
+    if baseline is not None and common.get("candidate") is not None:
+        speed = speedup_over_rounds(runs, baseline)
+        entry["speedup_measured"] = speed["median"]
+        entry["speedup_ci_low_measured"], entry["speedup_ci_high_measured"] = speed["ci_low"], speed["ci_high"]
+        entry["speedup_rounds_measured"] = speed["per_round"]
+        entry["rounds_disagree"] = speed["rounds_disagree"]
+        base_tps = {run.round: latency_summary(run.records)["output_tok_s"] for run in baseline}
+        ratios = [r["output_tok_s"] / base_tps[run.round] for run, r in zip(runs, per_round, strict=True)
+                  if r["output_tok_s"] and base_tps.get(run.round)]
+        entry["throughput_ratio_measured"] = _median(ratios)
+    elif common.get("candidate") is None:
+        entry["rounds_disagree"] = bool(_rounds_outside(entry["itl_rounds_measured"]))
+    entry.pop("prompt_lengths", None)
+    return _finite(entry)
+
+
+def _rounds_outside(itl: dict[str, Any]) -> bool:
+    values = [v for v in itl.get("per_round") or [] if v is not None]
+    low, high = itl.get("ci_low"), itl.get("ci_high")
+    return bool(len(values) > 1 and low is not None and (min(values) < low or max(values) > high))
+
+
+def group_entries(group: dict[str, ConfigRuns], verify_id: str, group_index: int, levels: Sequence[int],
+                  context: dict[str, Any]) -> list[MeasuredEntry]:
+    """The measured entries of one group (baseline first), one per configuration and level."""
+    base = group["baseline"]
     entries = []
-    done = {level.concurrency: level for level in run.levels}
-    for concurrency in levels:
-        level = done.get(concurrency)
-        if level is None:
-            entries.append({**common, "concurrency": int(concurrency), "engine_failed": True,
-                            "error": run.error or "not measured", "startup_s": run.startup_s})
-            continue
-        stats = latency_summary(level.records)
-        entry = {
-            **common, "concurrency": int(concurrency), "engine_failed": False,
-            "requests": stats["requests"], "completed": stats["completed"], "errors": stats["errors"],
-            "error_messages": stats["error_messages"], "finish_reasons": stats["finish_reasons"],
-            "output_tokens_measured": stats["output_tokens"], "duration_s_measured": stats["duration_s"],
-            "output_tok_s_measured": stats["output_tok_s"], "mean_in_flight_measured": stats["mean_in_flight"],
-            "ttft_ms_measured": stats["ttft_ms"], "itl_ms_measured": stats["itl_ms"],
-            "stream_gap_ms_measured": stats["stream_gap_ms"], "e2e_ms_measured": stats["e2e_ms"],
-            "memory_measured": level.memory, "machine_load_measured": level.load, "startup_s": run.startup_s,
-            "counts_measured": level.counts.to_dict() if level.counts is not None else None,
+    for label, measured in group.items():
+        config = measured.config
+        common = {
+            "kind": "measured", "verify_id": verify_id, "group": group_index, "candidate": config.candidate, "k": config.k,
+            "method": config.method, "draft": config.draft, "speculative_config": config.speculative_config,
+            "draft_is_target": config.draft_is_target, "serve_argv": measured.serve_argv, "server_url": measured.url,
+            "startup_s": _median(measured.startup_s), **context,
         }
-        if level.counts is not None and config.k is not None:
-            summary = level.counts.summary()
-            entry["al_measured"] = summary["mean_acceptance_length"]
-            entry["acceptance_rate_measured"] = summary["acceptance_rate"]
-            entry["per_position_measured"] = summary["per_position_rate"]
-            entry["conditional_measured"] = summary["conditional_rate"]
-        entries.append(_finite(entry))
+        for level in levels:
+            runs = _per_level(measured.runs, level)
+            if not runs:
+                entries.append({**{k: v for k, v in common.items() if k != "prompt_lengths"}, "concurrency": int(level),
+                                "engine_failed": True, "error": measured.error or "not measured"})
+                continue
+            baseline_runs = _per_level(base.runs, level) if label != "baseline" else None
+            entry = level_entry(runs, baseline_runs or None, {**common, "concurrency": int(level)})
+            if measured.error:
+                entry["error"] = measured.error
+            entries.append(entry)
+    by_level = {e["concurrency"]: e for e in entries if e.get("candidate") is None}
+    for entry in entries:
+        baseline = by_level.get(entry["concurrency"])
+        if entry.get("candidate") is not None and baseline is not None:
+            entry["baseline_ref"] = {
+                "verify_id": verify_id, "group": group_index, "requests": baseline.get("requests"),
+                "rounds": baseline.get("rounds"), "prompts_hash": context.get("prompts_hash"),
+                "itl_ms_median": (baseline.get("itl_rounds_measured") or {}).get("median"),
+                "engine_failed": bool(baseline.get("engine_failed")),
+            }
     return entries
 
 
-def plan_key(prompts_hash: str, plan: RunPlan, options: EngineConfig, vllm_version: str | None, device: str) -> str:
+def plan_key(prompts_hash: str, plan: RunPlan, options: EngineConfig, vllm_version: str | None, device: str, *,
+             rounds: int = 1, mode: str = "serve") -> str:
     """What makes two verify runs measure the same thing (prompts, sampling, levels, bounds,
     engine settings, vLLM, device); the configurations themselves are not part of it."""
     engine = {k: v for k, v in options.to_dict().items() if k != "debug"}
     raw = json.dumps({
         "prompts_hash": prompts_hash, "temperature": plan.temperature, "top_p": plan.top_p, "max_tokens": plan.max_tokens,
         "seed": plan.seed, "levels": list(plan.levels), "requests": plan.requests, "timeout_s": plan.timeout_s,
-        "engine": engine, "vllm": vllm_version, "device": device,
+        "engine": engine, "vllm": vllm_version, "device": device, "rounds": rounds, "mode": mode,
     }, sort_keys=True, default=str)
     return hashlib.sha256(raw.encode()).hexdigest()[:16]
 
@@ -320,6 +235,11 @@ class VerifyRun:
     trust_remote_code: bool = False  # let model repositories run their own code
     show_prompts: bool = False  # prompt text in warnings (off: row numbers and a hash only)
     resume: bool = True  # keep what an interrupted verify of the same plan measured
+    engine: Mode = "serve"  # how each configuration runs: its own `vllm serve` (default) or vLLM in draftfit
+    rounds: int = DEFAULT_ROUNDS  # interleaved rounds of the baseline and each configuration
+    servers_at_once: int | None = None  # None: as many as fit in memory
+    server: str | None = None  # a running server's URL (the chosen configuration)
+    baseline_server: str | None = None  # the running baseline server's URL
 
     def plan(self):
         """Load the results and work out what will run (no engine): (results, study, configs, levels, requests)."""
@@ -356,7 +276,8 @@ class VerifyRun:
             )
         prompts = [list(item.input_ids) for item in sample.items]
         requests = int(self.requests or len(prompts))
-        plan = RunPlan(prompts, study.temperature, study.top_p, study.max_tokens, study.seed, levels, requests, float(self.timeout_s))
+        plan = RunPlan(prompts, study.temperature, study.top_p, study.max_tokens, study.seed, levels, requests, float(self.timeout_s),
+                       texts=[item.text for item in sample.items], chats=[item.messages for item in sample.items])
         from draftfit.parallelism import engine_parallelism
 
         layout, layout_note = engine_parallelism(study.parallelism)
@@ -388,56 +309,97 @@ class VerifyRun:
                          "see mean_in_flight_measured (raise --requests)")
         if requests > len(prompts):
             notes.append(f"verify: {requests} requests cycle over {len(prompts)} prompts; repeated prompts hit the prefix cache (TTFT is optimistic)")
-        key = plan_key(sample.prompts_hash, plan, options, installed, device)
+        mode: Mode = "url" if self.server else self.engine
+        endpoints = Endpoints(mode, target_dir, options, self.results_path.parent / "verify-servers.log",
+                              urls=self._urls(configs))
+        at_once = int(self.servers_at_once or servers_at_once(target_dir, options, configs, mode))
+        groups = groups_of(configs, at_once)
+        together = at_once >= 2
+        key = plan_key(sample.prompts_hash, plan, options, installed, device, rounds=self.rounds, mode=mode)
         record = unfinished_run(results, key) if self.resume else None
         if record is not None:
             record["resumed"] = int(record.get("resumed") or 0) + 1
             record["configs"] = list(dict.fromkeys([*record.get("configs", []), *(c.label for c in configs)]))
         else:
+            api = {"serve": "vllm serve, OpenAI-compatible streaming API (continuous usage stats), counters from /metrics",
+                   "url": "a running vLLM server (--server), OpenAI-compatible streaming API, counters from /metrics",
+                   "inprocess": "vllm AsyncLLM in draftfit (streaming, RequestOutputKind.DELTA)"}[mode]
             record = {
                 "verify_id": results_mod.new_run_id(), "kind": "measured", "status": "running", "plan_key": key,
                 "command_line": " ".join(self.argv) if self.argv else None,
                 "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "device": device,
-                "engine": options.to_dict() | {"api": "vllm AsyncLLM (streaming, RequestOutputKind.DELTA)"},
+                "engine": options.to_dict() | {"api": api, "mode": mode},
                 "concurrency": list(levels), "requests_per_run": requests, "timeout_s": plan.timeout_s,
-                "prompts_hash": sample.prompts_hash,
+                "rounds": self.rounds, "prompts_hash": sample.prompts_hash,
                 "timings": {"engine_startup": 0.0, "runs": 0.0, "engine_shutdown": 0.0},
                 "configs": [c.label for c in configs],
             }
             results.provenance["verify"] = [*results.provenance.get("verify", []), record]
+        record["servers_at_once"] = at_once
+        if mode == "serve":
+            record["serve_command"] = (
+                "each server runs the deploy command's speculative config and --max-model-len, with the target's "
+                "local directory for its deploy name and verify's memory fraction (--gpu-memory-utilization), plus the settings every engine draftfit "
+                "starts uses (so it measures what `rank` profiled): --host 127.0.0.1 --port (free), --dtype, --seed, "
+                "--enforce-eager and, on the CPU, --kv-cache-memory-bytes; each entry's serve_argv is the command that ran")
+        record["groups"] = [[c.label for c in group] for group in groups]
         verify_id, timings = record["verify_id"], record["timings"]
         spent = float(timings.get("wall") or 0.0)
-        earlier = {entry_key(e): e for e in results.measured if e.get("verify_id") == verify_id}
+        earlier = [e for e in results.measured if e.get("verify_id") == verify_id]
         prompts_sent = min(plan.requests, len(plan.prompts))  # requests go out over the prompts in order
+        context = {"prompts_hash": sample.prompts_hash, "prompt_lengths": [len(p) for p in prompts], "prompts_sent": prompts_sent}
         new: list[dict[str, Any]] = []
-        baseline_by_level: dict[int, dict] = {}
-        for config in [BASELINE, *configs]:
-            reused = [earlier.get((config.candidate, config.k, int(level))) for level in levels]
-            if all(e is not None and not e.get("engine_failed") for e in reused):
-                self.progress(f"{config.label}: measured before the interruption (verify {verify_id}); kept")
-                entries = reused
-            else:
-                run = measure_config(config, target_dir, plan, options, self.progress)
-                timings["engine_startup"] += run.startup_s
-                timings["engine_shutdown"] += run.shutdown_s
-                timings["runs"] += sum(level.wall_s for level in run.levels)
-                entries = entries_of(run, verify_id, levels)
-                for entry in entries:
-                    entry["prompts_sent"] = prompts_sent
-                    predicted = predicted_level(results, config.candidate, config.k, entry["concurrency"], prompts_sent)
-                    baseline = baseline_by_level.get(entry["concurrency"]) if config.candidate is not None else None
-                    compare(entry, predicted, baseline, draft_is_target=config.draft_is_target, rule=rule,
-                            temperature=study.temperature, device=device)
-            if config.candidate is None:
-                baseline_by_level.update({entry["concurrency"]: entry for entry in entries})
+        how = "side by side" if together else "one at a time"
+        self.progress(f"{len(configs)} configuration(s) in {len(groups)} group(s), {self.rounds} interleaved rounds "
+                      f"with the baseline, servers {how}")
+        for index, group in enumerate(groups):
+            labels = {c.label for c in group} | {"baseline"}
+            kept = [e for e in earlier if e.get("group") == index]
+            if {("baseline" if e.get("candidate") is None else f"{e['candidate']} k={e['k']}") for e in kept} == labels \
+                    and all(not e.get("engine_failed") for e in kept) and len(kept) == len(labels) * len(levels):
+                self.progress(f"group {index + 1}: measured before the interruption (verify {verify_id}); kept")
+                new.extend(kept)
+                continue
+            measured: dict[str, ConfigRuns] = {}
+
+            async def measure(group=group, measured=measured) -> None:
+                measured.update(await measure_group(group, endpoints, plan, self.rounds, together=together,
+                                                    progress=self.progress))
+
+            run_async(measure)
+            for runs in measured.values():
+                timings["engine_startup"] += sum(runs.startup_s)
+                timings["engine_shutdown"] += sum(runs.shutdown_s)
+                timings["runs"] += sum(run.wall_s for run in runs.runs)
+            entries = group_entries(measured, verify_id, index, levels, context)
+            baseline_by_level = {e["concurrency"]: e for e in entries if e.get("candidate") is None}
+            for entry in entries:
+                config = measured[entry_label(entry)].config
+                predicted = predicted_level(results, config.candidate, config.k, entry["concurrency"], prompts_sent)
+                baseline = baseline_by_level.get(entry["concurrency"]) if config.candidate is not None else None
+                compare(entry, predicted, baseline, draft_is_target=config.draft_is_target, rule=rule,
+                        temperature=study.temperature, device=device)
             new.extend(entries)
             timings["wall"] = spent + time.perf_counter() - wall
-            self._save(results, new, notes)  # keep what was measured if a later engine is interrupted
-            fault_point("verify-config")
+            self._save(results, new, notes)  # keep what was measured if a later group is interrupted
+            fault_point("verify-group")
         record["status"] = "complete"
         self._save(results, new, notes)
         self.report_path = self._render(results)
         return results, new
+
+    def _urls(self, configs: Sequence[VerifyConfig]) -> dict[str | None, str]:
+        """--server URL: the configuration it serves (exactly one named) and the baseline's server."""
+        if not self.server:
+            return {}
+        if len(configs) != 1:
+            raise DraftfitError(f"--server measures one configuration; {len(configs)} are chosen",
+                                fix="Name the configuration the server runs with one --config NAME:K")
+        if not self.baseline_server:
+            raise DraftfitError("--server needs the baseline's server too, to measure speedups against",
+                                fix="Start `vllm serve` without --speculative-config on the same hardware and pass "
+                                    "--baseline-server URL")
+        return {configs[0].candidate: self.server, None: self.baseline_server}
 
     def _render(self, results: results_mod.Results) -> Path | None:
         """Re-render report.html beside the results with the measured values (None if that fails:
@@ -455,7 +417,7 @@ class VerifyRun:
         results.measured = merge_measured(results.measured, new)
         annotate_configs(results.configs, results.measured)
         kept = [w for w in results.warnings if not w.startswith("verify: ")]
-        results.warnings = kept + notes + summary_lines(results.measured)
+        results.warnings = kept + notes + summary_lines(latest_run(results.measured))
         save_results(results, self.results_path)
 
 
@@ -464,15 +426,3 @@ def save_results(results: results_mod.Results, path: Path) -> None:
     path = Path(path)
     atomic_write_json(path, results_mod.to_json(results))
     atomic_write_text(path.with_suffix(".csv"), results_mod.to_csv(results))
-
-
-# ---------------------------------------------------------------------------------------------
-# the terminal summary
-
-
-
-
-
-
-
-

