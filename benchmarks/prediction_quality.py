@@ -131,24 +131,34 @@ def separable(rows: list[dict]) -> list[dict]:
     return chosen
 
 
-def choose_grid(results, count: int | None) -> list[str]:
-    """``count`` configurations of the ranked grid, spread over the drafts: each draft's predicted
-    best k and its neighbours, drafts in ranked order, so that best-k and order can be checked."""
+def choose_grid(results, count: int | None, drafts: list[str] | None = None) -> list[str]:
+    """``count`` configurations of the ranked grid, spread over the drafts (``drafts``, default in
+    ranked order): each draft's smallest k, its predicted best k and one between, so that each
+    draft's best k and the order can be told apart by measurement."""
     grid = [c for c in results.configs if c.get("rank") is not None]
     if not count or count >= len(grid):
         return [f"{c['candidate']}:{c['k']}" for c in results.configs]
     by_draft: dict[str, list[dict]] = {}
     for c in sorted(grid, key=lambda c: c["rank"]):
         by_draft.setdefault(c["candidate"], []).append(c)
-    per_draft = max(3, -(-count // max(len(by_draft), 1)))
+    order = drafts or list(by_draft)
+    missing = [d for d in order if d not in by_draft]
+    if missing:
+        raise SystemExit(f"no ranked configurations of {', '.join(missing)}")
+    per_draft = max(3, -(-count // len(order)))
     picked: list[str] = []
-    for rows in by_draft.values():
-        best = rows[0]["k"]
-        ks = sorted((c["k"] for c in rows), key=lambda k: (abs(k - best), k))[:per_draft]
-        picked += [f"{rows[0]['candidate']}:{k}" for k in sorted(ks)]
+    for draft in order:
+        ks = sorted(c["k"] for c in by_draft[draft])
+        best = by_draft[draft][0]["k"]
+        chosen = {ks[0], best, ks[len(ks) // 2]}
+        for k in sorted(ks, key=lambda k: abs(k - best)):  # fill up near the best
+            if len(chosen) >= per_draft:
+                break
+            chosen.add(k)
+        picked += [f"{draft}:{k}" for k in sorted(chosen)]
         if len(picked) >= count:
             break
-    return picked[:max(count, 12)]
+    return picked
 
 
 def quality(results, new) -> None:
@@ -281,6 +291,7 @@ def main() -> None:
     parser.add_argument("--skip-fault-demo", action="store_true")
     parser.add_argument("--configs", type=int, default=None,
                         help="verify this many configurations of the grid (at least 12), spread over the drafts; default all")
+    parser.add_argument("--drafts", default=None, help="with --configs: the drafts to spread them over, e.g. ngram-2-4,suffix")
     parser.add_argument("--rounds", type=int, default=3, help="interleaved verify rounds")
     parser.add_argument("--requests", type=int, default=None, help="requests per verify run (default one per prompt)")
     parser.add_argument("--servers-at-once", type=int, default=None, help="servers side by side in verify")
@@ -302,10 +313,11 @@ def main() -> None:
     shared = cache_dir()
     out = args.out or Path(tempfile.mkdtemp(prefix="draftfit-quality-"))
     fresh = out / "cache"
-    fresh.mkdir(parents=True, exist_ok=True)
-    if (shared / "gguf").is_dir() and not (fresh / "gguf").exists():
-        os.symlink(shared / "gguf", fresh / "gguf")  # the converted model: a one-time materialization
-    os.environ["DRAFTFIT_CACHE"] = str(fresh)
+    if not args.results:  # rank's wall time is measured from fresh caches; --results ranks nothing
+        fresh.mkdir(parents=True, exist_ok=True)
+        if (shared / "gguf").is_dir() and not (fresh / "gguf").exists():
+            os.symlink(shared / "gguf", fresh / "gguf")  # the converted model: a one-time materialization
+        os.environ["DRAFTFIT_CACHE"] = str(fresh)
     levels = tuple(int(x) for x in args.concurrency.split(","))
     overrides = {"sample_size": args.sample_size, "max_tokens": args.max_tokens, "max_model_len": args.max_model_len,
                  "temperature": 0.0, "concurrency": levels, "latency_source": "measured"}
@@ -329,7 +341,7 @@ def main() -> None:
         print(f"ranked results {args.results} (rank wall time {rank_wall:.1f} s, as recorded)")
     else:
         results, results_path, rank_wall = run_rank(files, overrides, out / "reports", "quality")
-    grid = choose_grid(results, args.configs)
+    grid = choose_grid(results, args.configs, args.drafts.split(",") if args.drafts else None)
     print(f"rank wall time {rank_wall:.1f} s; verifying {len(grid)} of {len(results.configs)} configurations: "
           f"{', '.join(grid)}", flush=True)
     extra = ("--rounds", str(args.rounds), *(("--requests", str(args.requests)) if args.requests else ()),

@@ -9,7 +9,7 @@ is the `vllm serve MODEL …` command. Where a `vllm` distribution is installed,
 
 With ``DRAFTFIT_PARENT_PID`` set (verify's servers), the server also ends itself when that
 process is gone, however it ended: SIGTERM to itself (vLLM stops its engine in order), then
-SIGKILL to its process group after ``PARENT_GRACE_S``. This is the second guard beside the
+SIGKILL to its engine's processes and itself after ``PARENT_GRACE_S``. This is the second guard beside the
 watchdog (:mod:`draftfit.engines.watchdog`), so that no server outlives the draftfit that
 started it.
 """
@@ -41,11 +41,20 @@ def _vllm_version(name: str) -> str:
 metadata.version = _vllm_version  # also in vLLM's spawned engine core, which imports this main module
 
 def _end_with_parent(parent: int) -> None:
+    import psutil
+
     while os.getppid() == parent:
         time.sleep(PARENT_POLL_S)
     os.kill(os.getpid(), signal.SIGTERM)
     time.sleep(PARENT_GRACE_S)
-    os.killpg(os.getpgid(0), signal.SIGKILL)
+    # still here: kill the engine's processes (not the resource tracker: it unlinks their shared memory), then itself
+    for child in psutil.Process().children(recursive=True):
+        try:
+            if not any("resource_tracker" in part for part in child.cmdline()):
+                child.kill()
+        except psutil.Error:
+            pass
+    os.kill(os.getpid(), signal.SIGKILL)
 
 
 if __name__ == "__main__":  # vLLM spawns its engine core, which re-imports this module

@@ -34,6 +34,7 @@ log = logging.getLogger(__name__)
 CLI_MODULE = "draftfit.engines.vllm_cli"
 START_TIMEOUT_S = 900.0  # a first start compiles and loads; 40 s here for SmolLM2
 SHUTDOWN_WAIT_S = 60.0
+INTERRUPT_WAIT_S = 2.0  # after Ctrl-C: SIGTERM, then SIGKILL this soon
 HOST = "127.0.0.1"
 # flags draftfit adds to the deploy command to measure it here; everything else is the command itself
 MEASURING_FLAGS = ("--host", "--port", "--seed", "--dtype", "--enforce-eager", "--kv-cache-memory-bytes")
@@ -276,10 +277,13 @@ class VLLMServer:
                                         fix=f"See the server's log in {self.log_path}")
                 await asyncio.sleep(0.5)
 
-    def stop(self) -> None:
-        """SIGTERM (vLLM shuts its engine down in order), then SIGKILL to the process group after
-        ``SHUTDOWN_WAIT_S``; every process of the server is gone when this returns."""
+    def stop(self, wait_s: float = SHUTDOWN_WAIT_S) -> None:
+        """SIGTERM (vLLM shuts its engine down in order), then SIGKILL after ``wait_s`` to every
+        process of the server still there — all but multiprocessing's resource tracker, which
+        exits by itself once the others are gone and unlinks the shared memory they left."""
         import psutil
+
+        from draftfit.engines.watchdog import is_resource_tracker
 
         start = time.perf_counter()
         proc, self._proc = self._proc, None
@@ -291,15 +295,19 @@ class VLLMServer:
                 with contextlib.suppress(ProcessLookupError):
                     proc.send_signal(signal.SIGTERM)
                 try:
-                    proc.wait(SHUTDOWN_WAIT_S)
+                    proc.wait(wait_s)
                 except subprocess.TimeoutExpired:
-                    log.warning("%s: vllm serve did not stop within %g s; killing it", self.label, SHUTDOWN_WAIT_S)
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(proc.pid, signal.SIGKILL)
-            _, alive = psutil.wait_procs(family, timeout=5)
-            for survivor in alive:
+                    if wait_s >= SHUTDOWN_WAIT_S:
+                        log.warning("%s: vllm serve did not stop within %g s; killing it", self.label, wait_s)
+            with contextlib.suppress(psutil.Error):
+                family += [p for p in psutil.Process(proc.pid).children(recursive=True) if p not in family]
+            killed = []
+            for member in family:
                 with contextlib.suppress(psutil.Error):
-                    survivor.kill()
+                    if member.is_running() and not is_resource_tracker(member.cmdline()):
+                        member.kill()
+                        killed.append(member)
+            psutil.wait_procs(killed, timeout=5)
             with contextlib.suppress(subprocess.TimeoutExpired):
                 proc.wait(5)
         if self._log is not None:
@@ -311,10 +319,11 @@ class VLLMServer:
         self.start()
         try:
             await self.wait_ready()
-        except BaseException:
-            self.stop()
+        except BaseException as exc:
+            self.stop(INTERRUPT_WAIT_S if isinstance(exc, (KeyboardInterrupt, asyncio.CancelledError)) else SHUTDOWN_WAIT_S)
             raise
         return self
 
     async def __aexit__(self, *exc) -> None:
-        self.stop()
+        interrupted = exc and exc[0] is not None and issubclass(exc[0], (KeyboardInterrupt, asyncio.CancelledError))
+        self.stop(INTERRUPT_WAIT_S if interrupted else SHUTDOWN_WAIT_S)  # Ctrl-C: do not wait for an orderly shutdown
