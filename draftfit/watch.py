@@ -1,9 +1,12 @@
 """`draftfit watch`: a live vLLM server held against the prediction for the configuration it runs.
 
 Every interval it scrapes the server's /metrics and differences it from the first scrape: vLLM's
-spec-decode counters give the AL and the per-position acceptance since the watch began, the
-inter-token-latency histogram the mean ITL and its p50/p95 (Prometheus' bucket interpolation),
-and the running-requests gauge the concurrency the server actually saw. The prediction is the
+spec-decode counters give the AL and the per-position acceptance since the watch began; the
+time-per-output-token histogram (one observation per finished request: its decode time over its
+tokens after the first — draftfit's ITL, per request) the mean ITL and its p50/p95 (Prometheus'
+bucket interpolation); the running-requests gauge the concurrency the server actually saw. vLLM's
+``inter_token_latency`` histogram is shown as the step gap: it observes once per request and
+engine step, and a speculative step emits several tokens, so it is not a per-token latency. The prediction is the
 one `rank` made for that configuration, interpolated to the observed concurrency. Drift is
 reported — and the command exits non-zero — when, with enough traffic to judge, the measured AL
 lies below the predicted range (CI and bounds: acceptance sliding toward 1) or the mean ITL lies
@@ -24,7 +27,7 @@ from draftfit.errors import DraftfitError
 from draftfit.metrics import ServerMetrics
 
 MIN_DRAFTS = 50  # drafting steps before the AL is judged
-MIN_TOKENS = 200  # ITL observations before the ITL is judged
+MIN_REQUESTS = 5  # finished requests (TPOT observations) before the ITL is judged
 DRIFT_EXIT = 3  # the exit code of a drift (2: an error, as every draftfit command)
 
 
@@ -121,12 +124,14 @@ class Watch:
                                 "(traffic unlike the sampled prompts, or another draft)")
         elif counts is None:
             problems.append("the server reports no spec-decode counters: it runs without speculation")
-        itl = since.itl
-        if itl.count:
-            measured.update(itl_ms=1000.0 * itl.mean, itl_p50_ms=_ms(itl.quantile(0.5)), itl_p95_ms=_ms(itl.quantile(0.95)),
-                            itl_tokens=int(itl.count))
-            if itl.count >= MIN_TOKENS and 1000.0 * itl.mean > expected.itl_ms_slowest:
-                problems.append(f"mean ITL {1000.0 * itl.mean:.1f} ms above the slowest predicted {expected.itl_ms_slowest:.1f} ms "
+        tpot, gap = since.tpot, since.itl
+        if gap.count:
+            measured.update(step_gap_p50_ms=_ms(gap.quantile(0.5)), step_gap_p95_ms=_ms(gap.quantile(0.95)))
+        if tpot.count:
+            measured.update(itl_ms=1000.0 * tpot.mean, itl_p50_ms=_ms(tpot.quantile(0.5)), itl_p95_ms=_ms(tpot.quantile(0.95)),
+                            requests_finished=int(tpot.count))
+            if tpot.count >= MIN_REQUESTS and 1000.0 * tpot.mean > expected.itl_ms_slowest:
+                problems.append(f"mean ITL {1000.0 * tpot.mean:.1f} ms above the slowest predicted {expected.itl_ms_slowest:.1f} ms "
                                 f"at concurrency {concurrency:.1f}: slower than predicted")
         observation = {"time": now, "measured": measured, "predicted": expected.to_dict(), "drift": problems}
         self.observations.append(observation)
@@ -136,7 +141,7 @@ class Watch:
         last = self.observations[-1] if self.observations else {}
         return {"kind": "measured", "config": f"{self.config['candidate']} k={self.config['k']}",
                 "observations": self.observations, "drift": last.get("drift", []),
-                "thresholds": {"min_drafts": MIN_DRAFTS, "min_tokens": MIN_TOKENS}}
+                "thresholds": {"min_drafts": MIN_DRAFTS, "min_requests": MIN_REQUESTS}}
 
 
 def _ms(seconds: float | None) -> float | None:
@@ -151,7 +156,8 @@ def format_observation(observation: dict[str, Any]) -> str:
 
     line = (f"C {m['concurrency']:.1f} | AL {num(m.get('al'))} (pred. {p['al']:.2f} [{p['al_low']:.2f},{p['al_high']:.2f}]) "
             f"| ITL {num(m.get('itl_ms'), '.1f')} ms p50 {num(m.get('itl_p50_ms'), '.0f')} p95 {num(m.get('itl_p95_ms'), '.0f')} "
-            f"(pred. {p['itl_ms']:.1f}, slowest {p['itl_ms_slowest']:.1f}) | drafts {m.get('drafts', 0)} tokens {m.get('itl_tokens', 0)}")
+            f"(pred. {p['itl_ms']:.1f}, slowest {p['itl_ms_slowest']:.1f}) | step gap p50 {num(m.get('step_gap_p50_ms'), '.0f')} "
+            f"| drafts {m.get('drafts', 0)} requests {m.get('requests_finished', 0)}")
     if m.get("per_position"):
         line += " | per pos " + " ".join(f"{v:.2f}" for v in m["per_position"]) + " (pred. " + " ".join(
             f"{v:.2f}" for v in p["per_position"]) + ")"

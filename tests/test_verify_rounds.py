@@ -192,8 +192,8 @@ def _scrape(drafts, accepted, itl_count, itl_sum, running=1.0, positions=3):
     from draftfit.metrics import ServerMetrics, SpecCounts
 
     per_pos = np.asarray([accepted] + [0] * (positions - 1), dtype=np.int64)
-    return ServerMetrics(SpecCounts(drafts, drafts * positions, accepted, per_pos),
-                         Histogram(itl_count, itl_sum, ((float("inf"), itl_count),)), Histogram(), running, 0.0)
+    tpot = Histogram(itl_count, itl_sum, ((float("inf"), itl_count),))  # per finished request: decode time / tokens
+    return ServerMetrics(SpecCounts(drafts, drafts * positions, accepted, per_pos), Histogram(), tpot, running, 0.0)
 
 
 @pytest.mark.parametrize(
@@ -211,7 +211,7 @@ def test_watch_reports_drift_beyond_the_predictions_bounds(drafts, accepted, itl
 
     watch = Watch(_config())
     watch.observe(_scrape(0, 0, 0, 0.0, positions=positions), 0.0)
-    observation = watch.observe(_scrape(drafts, accepted, 1000, itl_ms, positions=positions), 10.0)
+    observation = watch.observe(_scrape(drafts, accepted, 10, itl_ms / 100, positions=positions), 10.0)
     assert observation["measured"]["itl_ms"] == pytest.approx(itl_ms)
     assert len(observation["drift"]) == len(words)
     for word, problem in zip(words, observation["drift"], strict=True):

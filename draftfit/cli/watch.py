@@ -25,10 +25,12 @@ def watch(url, results_file, config, interval_s, duration_s, json_path) -> None:
 
     Scrapes URL/metrics every --interval seconds for --duration seconds and shows, since the
     watch began: vLLM's AL and per-position acceptance (its spec-decode counters), the mean,
-    p50 and p95 inter-token latency (its ITL histogram), and the concurrency the server saw
-    (its running-requests gauge) — beside what `rank` predicted for the configuration at that
-    concurrency. Exits 3 on drift beyond the prediction's bounds, once there is enough traffic
-    to judge (50 drafting steps, 200 tokens): AL below the predicted range (acceptance sliding
+    p50 and p95 time per output token (its TPOT histogram: per finished request, decode time
+    over tokens — the ITL draftfit predicts; vLLM's inter-token histogram is per engine step and
+    shown as the step gap), and the concurrency the server saw (its running-requests gauge) —
+    beside what `rank` predicted for the configuration at that concurrency. Exits 3 on drift
+    beyond the prediction's bounds, once there is enough traffic to judge (50 drafting steps,
+    5 finished requests): AL below the predicted range (acceptance sliding
     toward 1) or a mean ITL above the slowest predicted one (slower than predicted). Exits 0
     otherwise, and 2 when the server cannot be read.
 
