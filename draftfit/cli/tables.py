@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from draftfit import results as results_mod
+from draftfit.explore import machine_load_text
 from draftfit.verify.selection import VerifyConfig
 
 
@@ -82,23 +83,13 @@ def _interval_text(point: float | None, low: float | None, high: float | None, s
     return f"{point:{spec}} [{_fmt(low, spec)},{_fmt(high, spec)}]" if low is not None else f"{point:{spec}}"
 
 
-def _load_text(entry: dict[str, Any]) -> str:
-    """The machine's load over the entry's rounds: the highest 1-minute load average and CPU steal."""
-    rounds = entry.get("machine_load_measured") or []
-    rounds = rounds if isinstance(rounds, list) else [rounds]
-    loads = [v for r in rounds for v in (r.get("load_avg_1m_before"), r.get("load_avg_1m_after")) if v is not None]
-    steal = [r["cpu_steal_share"] for r in rounds if r.get("cpu_steal_share") is not None]
-    text = f"{max(loads):.1f}" if loads else "—"
-    return text + (f"/{100 * max(steal):.0f}%" if steal else "")
-
-
 def format_summary(measured: Sequence[dict[str, Any]], verify_id: str | None = None) -> str:
     """Predicted vs measured per (configuration, concurrency) of one verify run: the measured
     speedup and ITL as the median over rounds with their bootstrap 95% interval, the baseline
     each speedup divides by, the machine's load, and the relative error of each prediction."""
     rows = [e for e in measured if verify_id is None or e.get("verify_id") == verify_id]
     head = (f"{'config':<20} {'C':>3} {'AL pred':>7} {'meas':>6} {'err':>5}  {'× pred':>6} {'× meas [95%]':>18} {'err':>5}  "
-            f"{'ITL pred':>8} {'ITL meas [95%] ms':>20} {'base ITL':>8} {'p95/p99':>9} {'TTFT p50':>8} {'load':>7}  flags")
+            f"{'ITL pred':>8} {'ITL meas [95%] ms':>20} {'base ITL':>8} {'p95/p99':>9} {'TTFT p50':>8}  {'machine load':<26} flags")
     lines = [head, "-" * len(head)]
     for e in rows:
         name = "baseline" if e.get("candidate") is None else f"{e['candidate']} k={e['k']}"
@@ -116,7 +107,8 @@ def format_summary(measured: Sequence[dict[str, Any]], verify_id: str | None = N
             f"{_interval_text(e.get('speedup_measured'), e.get('speedup_ci_low_measured'), e.get('speedup_ci_high_measured')):>18} "
             f"{_pct(e.get('speedup_error')):>5}  {_fmt(e.get('itl_ms_predicted'), '.1f'):>8} "
             f"{_interval_text(itl_point, rounds.get('ci_low'), rounds.get('ci_high'), '.1f'):>20} {_fmt(base, '.1f'):>8} "
-            f"{tails:>9} {_fmt((e.get('ttft_ms_measured') or {}).get('p50'), '.0f'):>8} {_load_text(e):>7}  "
+            f"{tails:>9} {_fmt((e.get('ttft_ms_measured') or {}).get('p50'), '.0f'):>8}  "
+            f"{machine_load_text(e.get('machine_load_measured')) or '—':<26} "
             f"{','.join(e.get('flags', [])) or '-'}"
         )
     if rows:
@@ -125,7 +117,7 @@ def format_summary(measured: Sequence[dict[str, Any]], verify_id: str | None = N
         lines.append(f"verify {first.get('verify_id')}: {first.get('rounds') or 1} round(s) per configuration and level, "
                      f"{first.get('requests_per_run') or first.get('requests')} requests per run, prompts {str(first.get('prompts_hash') or '')[:12]}; "
                      + (f"{len(groups)} groups, each speedup divided by its own group's baseline; " if len(groups) > 1 else "")
-                     + "load = highest 1-min load average / CPU steal over the rounds")
+                     + "machine load = the highest 1-min load average over the rounds, and the CPU time stolen")
     mismatched = sum(int(e.get("prompt_token_mismatches") or 0) for e in rows)
     if mismatched:
         lines.append(f"{mismatched} request(s): the server counted the prompt in other tokens than `rank` rendered it "
