@@ -36,8 +36,6 @@ START_TIMEOUT_S = 900.0  # a first start compiles and loads; 40 s here for SmolL
 SHUTDOWN_WAIT_S = 60.0
 INTERRUPT_WAIT_S = 2.0  # after Ctrl-C: SIGTERM, then SIGKILL this soon
 HOST = "127.0.0.1"
-# flags draftfit adds to the deploy command to measure it here; everything else is the command itself
-MEASURING_FLAGS = ("--host", "--port", "--seed", "--dtype", "--enforce-eager", "--kv-cache-memory-bytes")
 
 
 def free_port() -> int:

@@ -61,11 +61,9 @@ class _NoSampler:
 class Live:
     """One configuration while it runs: what the load generator streams to, its counters, its memory."""
 
-    def __init__(self, target, *, pids: Callable[[], set[int]] | None = None, server=None, url: str | None = None):
+    def __init__(self, target, *, pids: Callable[[], set[int]] | None = None):
         self.target = target
         self._pids = pids
-        self.server = server
-        self.url = url
 
     def memory(self):
         from draftfit.engines.vllm_async import MemorySampler
@@ -91,7 +89,7 @@ class Endpoints:
             url = self.urls[config.candidate]
             runs.url = url
             async with ServerClient(url) as client:
-                yield Live(client, url=url)
+                yield Live(client)
             return
         if self.mode == "inprocess":
             from draftfit.engines.vllm_async import AsyncVLLMEngine
@@ -112,7 +110,7 @@ class Endpoints:
         runs.url = server.url
         try:
             async with server, ServerClient(server.url) as client:
-                yield Live(client, pids=lambda: server.pids, server=server, url=server.url)
+                yield Live(client, pids=lambda: server.pids)
         finally:
             runs.startup_s.append(server.startup_s)
             runs.shutdown_s.append(server.shutdown_s)
@@ -185,7 +183,7 @@ def _failed(runs: ConfigRuns, exc: BaseException) -> None:
 
 
 async def measure_group(group: Sequence[VerifyConfig], endpoints: Endpoints, plan: RunPlan, rounds: int, *,
-                        together: bool, progress: Progress, on_run: Callable[[], None] = lambda: None) -> dict[str, ConfigRuns]:
+                        together: bool, progress: Progress) -> dict[str, ConfigRuns]:
     """The baseline and ``group`` in ``rounds`` interleaved rounds at every level of ``plan``.
 
     ``together``: every server up for the whole group; otherwise each is started and stopped in
@@ -197,11 +195,9 @@ async def measure_group(group: Sequence[VerifyConfig], endpoints: Endpoints, pla
     def say(config: VerifyConfig, r: int, text: str) -> None:
         progress(f"round {r + 1}/{rounds} · {config.label}: {text}")
 
-    async def levels(live: Live, config: VerifyConfig, r: int) -> None:
-        for level in plan.levels:
-            say(config, r, f"{plan.requests} requests at concurrency {level}")
-            runs[config.label].runs.append(await _measure_once(live, plan, level, r, f"r{r}-c{level}"))
-            on_run()
+    async def measure(live: Live, config: VerifyConfig, r: int, level: int) -> None:
+        say(config, r, f"{plan.requests} requests at concurrency {level}")
+        runs[config.label].runs.append(await _measure_once(live, plan, level, r, f"r{r}-c{level}"))
 
     if together:
         async with contextlib.AsyncExitStack() as stack:
@@ -218,12 +214,10 @@ async def measure_group(group: Sequence[VerifyConfig], endpoints: Endpoints, pla
                     for config in order:
                         if config.label not in live or runs[config.label].error:
                             continue
-                        say(config, r, f"{plan.requests} requests at concurrency {level}")
                         try:
-                            runs[config.label].runs.append(await _measure_once(live[config.label], plan, level, r, f"r{r}-c{level}"))
+                            await measure(live[config.label], config, r, level)
                         except Exception as exc:  # noqa: BLE001
                             _failed(runs[config.label], exc)
-                        on_run()
         return runs
     for r in range(rounds):
         for config in order:
@@ -233,7 +227,8 @@ async def measure_group(group: Sequence[VerifyConfig], endpoints: Endpoints, pla
             try:
                 async with endpoints.open(config, runs[config.label]) as live_one:
                     await _warm(live_one, plan)
-                    await levels(live_one, config, r)
+                    for level in plan.levels:
+                        await measure(live_one, config, r, level)
             except Exception as exc:  # noqa: BLE001
                 _failed(runs[config.label], exc)
     return runs
