@@ -58,7 +58,7 @@ def main() -> int:
         same = result.restart.ok and faultcases.decisions(result.restart.data) == reference
         rows.append((case.stage, case.mode, "yes" if injected else "NO", "yes" if result.restart.ok else "NO",
                      ", ".join(result.reused) or "—", f"{_count(result.faulted)} / {_count(result.restart)}", "yes" if same else "NO",
-                     ", ".join(result.leftovers + [f"engine pid {p}" for p in result.orphans]) or "none",
+                     ", ".join(result.leftovers + [f"engine pid {p}" for p in result.orphans] + result.shm_leaked) or "none",
                      f"{time.perf_counter() - t0:.0f}"))
     ranked = reports / "clean" / "results.json"
     print("verify, uninterrupted ...", flush=True)
@@ -75,7 +75,7 @@ def main() -> int:
         same = result.restart.ok and faultcases.verify_decisions(result.restart.data) == verify_reference
         rows.append(("verify-group (verify)", mode, "yes" if injected else "NO", "yes" if result.restart.ok else "NO",
                      "baseline" if result.baseline_kept and result.resumed else "—", "— / —", "yes" if same else "NO",
-                     ", ".join(f"engine pid {p}" for p in result.orphans) or "none", f"{time.perf_counter() - t0:.0f}"))
+                     ", ".join([f"engine pid {p}" for p in result.orphans] + result.shm_leaked) or "none", f"{time.perf_counter() - t0:.0f}"))
     headers = ("stage", "mode", "fault injected", "completed after restart", "stages reused", "engines fault/restart", "identical to clean run",
                "left behind", "s")
     widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(headers)]

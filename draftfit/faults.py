@@ -8,7 +8,10 @@ moment to lose a run: the work is done, the next stage has not started. Modes:
 * ``raise`` (default): :class:`InjectedFault`, a ``BaseException`` like ``KeyboardInterrupt``, so
   no ``except Exception`` treats it as a handled failure; ``finally`` blocks still close engines.
 * ``kill``: SIGKILL to the engine processes this process started, then to itself — what
-  ``kill -9`` of the process group does: no ``finally``, no clean-up, nothing flushed.
+  ``kill -9`` of the process group does: no ``finally``, no clean-up, nothing flushed. Spared are
+  multiprocessing's resource trackers (a tracker unlinks the shared memory the killed engine left;
+  killed with it, vLLM's shared-memory segments would stay in /dev/shm until reboot) and the
+  watchdog, which runs in a session of its own that a group's kill does not reach.
 * ``error``: :class:`InjectedError`, an ordinary ``RuntimeError``, as a failing engine raises;
   the run handles it like a real failure (e.g. ``engine``: a draft whose engine does not start).
 
@@ -90,6 +93,8 @@ def reset() -> None:
 
 
 def _kill_process_tree() -> None:
+    from draftfit.engines.watchdog import is_resource_tracker, is_watchdog
+
     try:
         import psutil
 
@@ -98,7 +103,9 @@ def _kill_process_tree() -> None:
         children = []
     for child in children:
         try:
-            child.kill()
+            cmdline = child.cmdline()
+            if not (is_resource_tracker(cmdline) or is_watchdog(cmdline)):
+                child.kill()
         except Exception:  # noqa: BLE001 - already gone
             pass
     os.kill(os.getpid(), signal.SIGKILL)

@@ -17,6 +17,7 @@ clean run's results if the profile it reuses is the clean run's — which is wha
 
 from __future__ import annotations
 
+import glob
 import json
 import os
 import shutil
@@ -83,6 +84,7 @@ class CaseResult:
     written_after_fault: dict[str, bool] = field(default_factory=dict)
     entries_after_fault: dict[str, list[bool]] = field(default_factory=dict)  # removed kind -> whole? per entry
     orphans: list[int] = field(default_factory=list)  # engine processes that outlived the faulted run
+    shm_leaked: list[str] = field(default_factory=list)  # shared memory the faulted run left in /dev/shm
 
     @property
     def reused(self) -> list[str]:
@@ -237,14 +239,15 @@ def run_case(case: FaultCase, candidates: list[str], reports: Path, cache: Path)
     run_id = f"fault-{case.stage}-{case.mode}"
     fault = f"{case.stage}:{case.mode}"
     runner = rank_in_process if case.mode == "raise" else rank_subprocess
-    started = time.time()
+    started, segments = time.time(), shm_segments()
     faulted = runner(candidates, reports, run_id, cache, fault)
     orphans = orphan_engines(since=started)
+    leaked = leaked_shm(segments)
     left = leftovers(cache, reports)
     written = {name: (reports / run_id / name).is_file() for name in ("results.json", "results.csv", "report.html")}
     entries = {kind: [_whole(entry) for entry in sorted((cache / kind).glob("[!.]*"))] for kind in case.remove}
     restart = runner(candidates, reports, run_id, cache)
-    return CaseResult(case, faulted, restart, left, written, entries, orphans)
+    return CaseResult(case, faulted, restart, left, written, entries, orphans, leaked)
 
 
 def orphan_engines(since: float, wait_s: float = 6.0) -> list[int]:
@@ -267,6 +270,31 @@ def orphan_engines(since: float, wait_s: float = 6.0) -> list[int]:
                 found.append(proc.pid)
         if not found or time.monotonic() >= deadline:
             return found
+        time.sleep(0.5)
+
+
+def shm_segments() -> set[str]:
+    """multiprocessing's shared-memory segments in /dev/shm (vLLM's engine and worker use them)."""
+    return set(glob.glob("/dev/shm/psm_*"))
+
+
+def leaked_shm(before: set[str], wait_s: float = 6.0) -> list[str]:
+    """Segments that appeared since ``before`` and that no live process maps: memory held until
+    reboot. A resource tracker unlinks what its users left a moment after they are gone, so this
+    waits up to ``wait_s`` for that."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        new = shm_segments() - before
+        mapped: set[str] = set()
+        for maps in glob.glob("/proc/[0-9]*/maps") if new else ():
+            try:
+                text = Path(maps).read_text()
+            except OSError:  # the process ended meanwhile
+                continue
+            mapped.update(path for path in new if path in text)
+        left = sorted(new - mapped)
+        if not left or time.monotonic() >= deadline:
+            return left
         time.sleep(0.5)
 
 
@@ -310,6 +338,7 @@ class VerifyCaseResult:
     faulted: Outcome
     restart: Outcome
     orphans: list[int]
+    shm_leaked: list[str]
 
     @property
     def baseline_kept(self) -> bool:
@@ -330,8 +359,9 @@ def run_verify_case(mode: str, ranked: Path, work: Path, cache: Path) -> VerifyC
     work.mkdir(parents=True, exist_ok=True)
     results = work / "results.json"
     shutil.copy(ranked, results)
-    started = time.time()
+    started, segments = time.time(), shm_segments()
     faulted = verify_subprocess(results, cache, f"verify-group:{mode}")
     orphans = orphan_engines(since=started)
+    leaked = leaked_shm(segments)
     restart = verify_subprocess(results, cache)
-    return VerifyCaseResult(mode, faulted, restart, orphans)
+    return VerifyCaseResult(mode, faulted, restart, orphans, leaked)

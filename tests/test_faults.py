@@ -48,7 +48,7 @@ def test_a_run_interrupted_at_a_stage_resumes_with_the_same_results(study, case)
     # the faulted run failed where it was told to, and left no temporary file behind
     assert not result.faulted.ok
     assert result.faulted.ended.startswith("killed (-9)" if case.mode == "kill" else f"fault injected at stage '{case.stage}'")
-    assert result.leftovers == [] and result.orphans == []
+    assert result.leftovers == [] and result.orphans == [] and result.shm_leaked == []
     written_before = {"results": True, "report": True}.get(case.stage, False)
     assert result.written_after_fault["results.json"] is written_before
     assert result.written_after_fault["report.html"] is (case.stage == "report")
@@ -130,12 +130,14 @@ def test_verify_killed_after_a_group_goes_on_where_it_stopped(study, tmp_path):
     """`verify` killed with SIGKILL (no clean-up at all) right after its first group (the baseline
     and ngram k=2, two servers side by side) was measured and saved: the results file is whole, no
     engine or server is left running, and the same command run again keeps that group, measures
-    only the group that was left (its own baseline and k=1) and ends complete."""
+    only the group that was left (its own baseline and k=1) and ends complete. (benchmarks/fault_injection.py
+    runs the same case with the fault raised instead.)"""
     from draftfit.results import load
+    from draftfit.verify.run import unfinished_run
 
     ranked = study["reports"] / "clean" / "results.json"
     result = faultcases.run_verify_case("kill", ranked, tmp_path / "verify", study["cache"])
-    assert result.faulted.ended.startswith("killed (-9)") and result.orphans == []
+    assert result.faulted.ended.startswith("killed (-9)") and result.orphans == [] and result.shm_leaked == []
     assert [(e["group"], e["candidate"], e["k"]) for e in result.faulted.data["measured"]] == [
         (0, None, None), (0, "ngram-2-4", 2)]  # the first group, saved
     load(tmp_path / "verify" / "results.json")
@@ -144,3 +146,10 @@ def test_verify_killed_after_a_group_goes_on_where_it_stopped(study, tmp_path):
     measured = faultcases.verify_decisions(result.restart.data)
     assert [(c, k, level) for c, k, level, *_ in measured] == [("", 0, 1), ("", 0, 1), ("ngram-2-4", 1, 1), ("ngram-2-4", 2, 1)]
     assert all(not failed for *_, failed, _ in measured)
+    [run] = result.restart.data["provenance"]["verify"]
+    assert {e["verify_id"] for e in result.restart.data["measured"]} == {run["verify_id"]}
+    for entry in result.restart.data["measured"]:  # each group's speedups divide by that group's own baseline
+        if entry["candidate"] is not None:
+            assert entry["baseline_ref"]["group"] == entry["group"] and entry["speedup_measured"] > 0
+    # finished: the same command would measure everything again, as a new run
+    assert unfinished_run(load(tmp_path / "verify" / "results.json"), run["plan_key"]) is None

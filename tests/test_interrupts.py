@@ -6,7 +6,6 @@ core); the last runs a real `draftfit verify` and interrupts it while its engine
 
 from __future__ import annotations
 
-import glob
 import os
 import signal
 import subprocess
@@ -17,6 +16,7 @@ from pathlib import Path
 
 import psutil
 import pytest
+from faultcases import leaked_shm, shm_segments
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -95,6 +95,7 @@ def test_ctrl_c_while_verify_starts_its_engine_exits_130_within_seconds(tmp_path
     results = tmp_path / "results.json"
     results.write_text((REPO / "reports" / "example" / "results.json").read_text())
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    segments = shm_segments()
     proc = subprocess.Popen([sys.executable, "-m", "draftfit", "verify", str(results), "--config", "ngram-2-4:2",
                              "--concurrency", "1", "--requests", "2", "--gpu-memory-utilization", "0.1"],
                             cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
@@ -112,6 +113,6 @@ def test_ctrl_c_while_verify_starts_its_engine_exits_130_within_seconds(tmp_path
     assert "interrupted — run the same command again to resume" in err
     assert took < 10.0, f"exited {took:.1f} s after Ctrl-C"
     assert all(_gone_within(pid, 6.0) is not None for pid in descendants)
-    assert not [path for path in glob.glob("/dev/shm/psm_*") if os.path.getmtime(path) >= start - 60]
+    assert leaked_shm(segments) == []  # the engine's shared memory went with it
     terminal = [line for line in err.splitlines() if line.strip()]
     assert not [line for line in terminal if "Warning" in line or "it/s]" in line or "leaked" in line]

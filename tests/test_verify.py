@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from click.testing import CliRunner
+from faultcases import leaked_shm, shm_segments
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -445,7 +446,7 @@ def verified(tmp_path_factory, engine_slot):
                                       "--reports-dir", str(folder), "--run-id", "v"])
     assert ranked.exit_code == 0, ranked.output
     path = folder / "v" / "results.json"
-    shutil.copy(path, folder / "ranked.json")  # as `rank` left it, for the interruption test
+    shutil.copy(path, folder / "ranked.json")  # as `rank` left it, for the tests that verify it again
     verified = CliRunner().invoke(cli, ["verify", str(path), "--config", "ngram-2-4:3", "--gpu-memory-utilization", "0.1",
                                         "--rounds", "2"])  # two interleaved rounds: the least that pairs and compares rounds
     assert verified.exit_code == 0, verified.output
@@ -600,60 +601,6 @@ def test_the_plan_key_changes_with_what_is_measured_not_with_debug():
     assert plan_key("abc", plan, options, "0.33.0", "cpu") != key
 
 
-@pytest.mark.slow
-@pytest.mark.engine
-def test_an_interrupted_verify_goes_on_where_it_stopped(verified, tmp_path, monkeypatch):
-    """Interrupted after the baseline was measured and saved, verify run again measures only the
-    configuration that was left, keeps the baseline it measured, and ends with the same entries as
-    the uninterrupted run (the same vLLM counters at concurrency 1, where temperature 0 makes them
-    deterministic)."""
-    import draftfit.verify.run as verify_mod
-    from draftfit import faults
-
-    _, clean, path = verified
-    results = tmp_path / "results.json"
-    shutil.copy(path.parent.parent / "ranked.json", results)
-    args = ["verify", str(results), "--config", "ngram-2-4:3", "--config", "ngram-2-4:2", "--gpu-memory-utilization", "0.1",
-            "--servers-at-once", "2", "--rounds", "1"]
-    measured: list[list[str]] = []
-    original = verify_mod.measure_group
-
-    async def counting(group, *a, **kw):
-        measured.append([c.label for c in group])
-        return await original(group, *a, **kw)
-
-    monkeypatch.setattr(verify_mod, "measure_group", counting)
-    monkeypatch.setenv("DRAFTFIT_FAULT", "verify-group")  # after the first group (baseline + ngram-2-4 k=3) was saved
-    faults._reached.clear()
-    with pytest.raises(faults.InjectedFault):
-        CliRunner().invoke(cli, args, catch_exceptions=False)
-    monkeypatch.delenv("DRAFTFIT_FAULT")
-    interrupted = json.loads(results.read_text())
-    assert measured == [["ngram-2-4 k=3"]]
-    assert sorted((e["group"], e["candidate"] or "", e["concurrency"]) for e in interrupted["measured"]) == [
-        (0, "", 1), (0, "", 4), (0, "ngram-2-4", 1), (0, "ngram-2-4", 4)]
-    assert [r["status"] for r in interrupted["provenance"]["verify"]] == ["running"]
-
-    result = CliRunner().invoke(cli, args)
-    assert result.exit_code == 0, result.output
-    assert measured == [["ngram-2-4 k=3"], ["ngram-2-4 k=2"]]  # the first group was not measured again
-    data = json.loads(results.read_text())
-    runs = data["provenance"]["verify"]
-    assert len(runs) == 1 and runs[0]["status"] == "complete" and runs[0]["resumed"] == 1
-    first = [e for e in data["measured"] if e["group"] == 0]
-    assert first == interrupted["measured"]  # kept as measured before the interruption
-    assert {e["verify_id"] for e in data["measured"]} == {runs[0]["verify_id"]}
-    # each group's speedups divide by that group's own baseline
-    for entry in data["measured"]:
-        if entry["candidate"] is not None:
-            assert entry["baseline_ref"]["group"] == entry["group"] and entry["speedup_measured"] > 0
-    spec = {e["concurrency"]: e for e in first if e["candidate"] == "ngram-2-4"}
-    assert spec[1]["al_measured"] == entries(clean, "ngram-2-4")[1]["al_measured"]  # temperature 0: vLLM's counters agree
-
-    # finished: the same command would measure everything again, as a new run
-    assert verify_mod.unfinished_run(results_mod.load(results), runs[0]["plan_key"]) is None
-
-
 def _config_with_prompts():
     level = {"concurrency": 4, "speedup_predicted": 1.2, "speedup_ci_low": 1.1, "speedup_ci_high": 1.3,
              "itl_spec_ms_predicted": 30.0, "itl_base_ms_predicted": 36.0, "prefill_stall_spec_ms_predicted": 6.0,
@@ -747,7 +694,8 @@ def _wait_for_server(proc, timeout_s: float = 600.0) -> str:
 @pytest.mark.parametrize("how", ["SIGKILL", "SIGINT"])
 def test_a_server_verify_started_never_outlives_it(verified, tmp_path, how):
     """kill -9 of draftfit (nothing in it runs to clean up: the watchdog ends the server) and
-    Ctrl-C (draftfit stops the server in order) while its servers answer: none is left."""
+    Ctrl-C (draftfit stops the server in order) while its servers answer: none is left, and no
+    shared memory of theirs stays in /dev/shm."""
     import os
     import signal
     import subprocess
@@ -757,7 +705,7 @@ def test_a_server_verify_started_never_outlives_it(verified, tmp_path, how):
     _, _, path = verified
     results = tmp_path / "results.json"
     shutil.copy(path.parent.parent / "ranked.json", results)
-    started = time.time()
+    started, segments = time.time(), shm_segments()
     proc = subprocess.Popen([sys.executable, "-m", "draftfit", "verify", str(results), "--config", "ngram-2-4:3",
                              "--rounds", "1", "--gpu-memory-utilization", "0.1"],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
@@ -770,6 +718,7 @@ def test_a_server_verify_started_never_outlives_it(verified, tmp_path, how):
         while _servers_since(started) and time.monotonic() < deadline:
             time.sleep(0.5)
         assert _servers_since(started) == []
+        assert leaked_shm(segments) == []  # nor the shared memory of its engines
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -798,12 +747,19 @@ def served(verified):
     out: dict = {}
 
     async def serve() -> None:
-        async with VLLMServer(target_dir, options, configs[0].speculative_config, log_path=path.parent / "watch-server.log",
-                              label="watch") as server, ServerClient(server.url) as client:
+        import contextlib
+        import signal
+
+        async with contextlib.AsyncExitStack() as stack:
+            # the configuration's server and the baseline's (for `verify --server`), started side by side
+            server, base = await asyncio.gather(
+                stack.enter_async_context(VLLMServer(target_dir, options, configs[0].speculative_config,
+                                                     log_path=path.parent / "watch-server.log", label="watch")),
+                stack.enter_async_context(VLLMServer(target_dir, options, None, log_path=path.parent / "watch-baseline.log",
+                                                     label="baseline")))
+            client = await stack.enter_async_context(ServerClient(server.url))
             out["url"] = server.url
             before = await client.counts()
-            import asyncio
-            import signal
 
             watch_json = path.parent / "watch.json"
             watcher = subprocess.Popen([sys.executable, "-m", "draftfit", "watch", server.url, "--results", str(path),
@@ -831,15 +787,14 @@ def served(verified):
                                     "--config", "ngram-2-4:1", "--interval", "1", "--duration", "0"],
                                    capture_output=True, text=True, timeout=120)
             out["wrong"] = wrong
-            # verify --server: this server is the configuration, a second one the baseline
-            async with VLLMServer(target_dir, options, None, log_path=path.parent / "watch-server.log", label="baseline") as base:
-                staged = path.parent.parent / "staged.json"
-                shutil.copy(path.parent.parent / "ranked.json", staged)
-                out["staged_path"] = staged
-                out["staged"] = await asyncio.to_thread(
-                    subprocess.run, [sys.executable, "-m", "draftfit", "verify", str(staged), "--config", "ngram-2-4:3",
-                                     "--server", server.url, "--baseline-server", base.url, "--rounds", "2",
-                                     "--concurrency", "1"], capture_output=True, text=True, timeout=900)
+            # verify --server: the first server is the configuration, the second the baseline
+            staged = path.parent.parent / "staged.json"
+            shutil.copy(path.parent.parent / "ranked.json", staged)
+            out["staged_path"] = staged
+            out["staged"] = await asyncio.to_thread(
+                subprocess.run, [sys.executable, "-m", "draftfit", "verify", str(staged), "--config", "ngram-2-4:3",
+                                 "--server", server.url, "--baseline-server", base.url, "--rounds", "2",
+                                 "--concurrency", "1"], capture_output=True, text=True, timeout=900)
 
     run_async(serve)
     return out

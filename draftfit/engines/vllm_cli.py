@@ -43,6 +43,8 @@ metadata.version = _vllm_version  # also in vLLM's spawned engine core, which im
 def _end_with_parent(parent: int) -> None:
     import psutil
 
+    from draftfit.engines.watchdog import is_resource_tracker
+
     while os.getppid() == parent:
         time.sleep(PARENT_POLL_S)
     os.kill(os.getpid(), signal.SIGTERM)
@@ -50,7 +52,7 @@ def _end_with_parent(parent: int) -> None:
     # still here: kill the engine's processes (not the resource tracker: it unlinks their shared memory), then itself
     for child in psutil.Process().children(recursive=True):
         try:
-            if not any("resource_tracker" in part for part in child.cmdline()):
+            if not is_resource_tracker(child.cmdline()):
                 child.kill()
         except psutil.Error:
             pass

@@ -10,6 +10,7 @@ they fit in memory, else one server at a time, started and stopped for each roun
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import time
@@ -202,13 +203,19 @@ async def measure_group(group: Sequence[VerifyConfig], endpoints: Endpoints, pla
     if together:
         async with contextlib.AsyncExitStack() as stack:
             live: dict[str, Live] = {}
-            for config in order:
+
+            async def bring_up(config: VerifyConfig) -> None:
                 progress(f"{config.label}: starting vLLM")
                 try:
                     live[config.label] = await stack.enter_async_context(endpoints.open(config, runs[config.label]))
                     await _warm(live[config.label], plan)
                 except Exception as exc:  # noqa: BLE001 - a configuration that does not start is data
                     _failed(runs[config.label], exc)
+
+            # started side by side: a start is mostly one process at a time importing and loading,
+            # so the group is up in little more than the slowest start; an interruption cancels
+            # every start, and each stops its own server before the stack closes the others
+            await asyncio.gather(*(bring_up(config) for config in order))
             for r in range(rounds):
                 for level in plan.levels:
                     for config in order:
