@@ -102,12 +102,22 @@ def test_results_name_models_as_the_user_deploys_them(measured_run):
 @pytest.mark.slow
 @pytest.mark.engine
 def test_self_draft_is_always_accepted_yet_never_faster(measured_run):
+    """Every proposal is accepted, yet each costs a target pass. With requests in flight the
+    verification of B·(k+1) tokens is no longer free and the self-draft is slower. At concurrency 1
+    it is break-even on a small CPU model: a proposal skips the step's fixed costs (scheduling,
+    sampling, streaming), a large share of a 135M model's step. `draftfit verify` of this study's
+    self-draft k=3 on a 2-core EPYC measured 0.96× [0.88, 1.03] over 3 rounds, where rank
+    predicted 1.02×; so there the prediction may not claim a gain beyond the spread of the run's own
+    timing of the real self-draft step, which cannot tell a smaller gain from none."""
     _, data, _ = measured_run
+    [timed] = data["provenance"]["served_timing"]["speculative"]["self-draft"]
     for config in (c for c in data["configs"] if c["candidate"] == "self-draft"):
         k = config["k"]
         # greedy: the target's own prefill agrees with its greedy answer up to numeric ties
         assert config["al_predicted"] >= 0.95 * (k + 1)
-        assert all(level["speedup_predicted"] < 1.0 for level in config["per_concurrency"])
+        levels = {level["concurrency"]: level["speedup_predicted"] for level in config["per_concurrency"]}
+        assert all(speedup < 1.0 for c, speedup in levels.items() if c > 1), levels
+        assert levels[1] < 1.0 + timed["spread"], (levels, timed)
 
 
 @pytest.mark.slow
