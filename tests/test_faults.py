@@ -140,7 +140,7 @@ def test_verify_killed_after_a_group_goes_on_where_it_stopped(study, tmp_path):
     assert result.faulted.ended.startswith("killed (-9)") and result.orphans == [] and result.shm_leaked == []
     assert [(e["group"], e["candidate"], e["k"]) for e in result.faulted.data["measured"]] == [
         (0, None, None), (0, "ngram-2-4", 2)]  # the first group, saved
-    load(tmp_path / "verify" / "results.json")
+    saved = load(tmp_path / "verify" / "results.json")
     assert result.restart.ok, result.restart.ended
     assert result.baseline_kept and result.resumed
     measured = faultcases.verify_decisions(result.restart.data)
@@ -152,4 +152,4 @@ def test_verify_killed_after_a_group_goes_on_where_it_stopped(study, tmp_path):
         if entry["candidate"] is not None:
             assert entry["baseline_ref"]["group"] == entry["group"] and entry["speedup_measured"] > 0
     # finished: the same command would measure everything again, as a new run
-    assert unfinished_run(load(tmp_path / "verify" / "results.json"), run["plan_key"]) is None
+    assert unfinished_run(saved, run["plan_key"]) is None
