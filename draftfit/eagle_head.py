@@ -1,4 +1,4 @@
-"""An EAGLE-3 head run offline as vLLM's proposer runs it: its config, its weights, and its chains.
+"""EAGLE-3 and EAGLE(-1) heads run offline as vLLM's proposer runs them: config, weights, chains.
 
 What vLLM 0.32 runs (``model_executor/models/llama_eagle3.py``, ``v1/spec_decode/llm_base_proposer.py``):
 
@@ -25,6 +25,16 @@ Checkpoint formats read: speculators' (``speculators_model_type: eagle3`` with a
 ``transformer_layer_config``; ``norm_before_residual`` defaults to true there, as vLLM's
 ``SpeculatorsConfig`` reads it) and the original EAGLE-3 layout (a Llama config with
 ``draft_vocab_size``; tensors ``midlayer.*``). Written: speculators' format.
+
+EAGLE(-1) (``model_executor/models/llama_eagle.py``) differs in what the layer reads and returns,
+not in the chain: the target hands over its *last* hidden state after its final norm (what its
+model returns; transformers' ``hidden_states[L]``); the head's ``fc`` fuses
+``[embed(token), state]`` (2·hidden → hidden) into the layer's input, which has no input norm
+(vLLM replaces layer 0's with the identity) and is the residual; the layer's output plus residual
+is both the hidden state fed onwards and what the LM head reads (no final norm). vLLM loads it
+from a Llama config (its ``EAGLEConfig`` renames the architecture ``Eagle…``) with tensors
+``layers.0.*`` and ``fc``; embeddings and LM head are the target's unless the checkpoint has its
+own. speculators' ``eagle`` format is not among the speculators algorithms vLLM 0.32 loads.
 """
 
 from __future__ import annotations
@@ -65,8 +75,13 @@ class HeadConfig:
     norm_output: bool = False
     attention_bias: bool = False
     speculators_format: bool = False
+    method: str = "eagle3"  # or "eagle": EAGLE(-1)
 
     def aux_layers(self, target_layers: int) -> tuple[int, ...]:
+        """The target's hidden states the head reads, as indices of transformers' ``hidden_states``
+        (i < L: entering layer i; L: the normed output, EAGLE-1's)."""
+        if self.method == "eagle":
+            return (int(target_layers),)
         return self.aux_layer_ids or default_aux_layers(target_layers)
 
     def to_dict(self) -> dict[str, Any]:
@@ -78,9 +93,15 @@ def default_aux_layers(target_layers: int) -> tuple[int, ...]:
     return (2, target_layers // 2, target_layers - 3)
 
 
-def read_config(directory: Path) -> tuple[HeadConfig, dict[str, Any]]:
-    """The head's config and the raw ``config.json`` (either checkpoint format)."""
+def read_config(directory: Path, method: str | None = None) -> tuple[HeadConfig, dict[str, Any]]:
+    """The head's config and the raw ``config.json`` (any format above). ``method``: the
+    candidate's (``eagle`` or ``eagle3``); default what the config says, else EAGLE-3."""
+    from draftfit.compat.heads import head_method
+
     raw = json.loads((Path(directory) / "config.json").read_text(encoding="utf-8"))
+    method = method or head_method(raw) or "eagle3"
+    if method == "eagle":
+        return _eagle1_config(raw, directory), raw
     speculators = "speculators_model_type" in raw
     if speculators:
         if raw["speculators_model_type"] != "eagle3":
@@ -101,6 +122,37 @@ def read_config(directory: Path) -> tuple[HeadConfig, dict[str, Any]]:
                  "fc_norm": raw.get("fc_norm", False), "norm_output": raw.get("norm_output", False),
                  "eagle_aux_hidden_state_layer_ids": raw.get("eagle_aux_hidden_state_layer_ids")
                  or eagle.get("eagle_aux_hidden_state_layer_ids")}
+    fields = _layer_fields(layer, directory)
+    aux = extra["eagle_aux_hidden_state_layer_ids"]
+    config = HeadConfig(
+        **fields, draft_vocab_size=int(extra["draft_vocab_size"] or fields["vocab_size"]),
+        target_hidden_size=int(extra["target_hidden_size"] or fields["hidden_size"]),
+        aux_layer_ids=tuple(int(i) for i in aux) if aux else None,
+        norm_before_residual=bool(extra["norm_before_residual"]), norm_before_fc=bool(extra["norm_before_fc"]),
+        fc_norm=bool(extra["fc_norm"]), norm_output=bool(extra["norm_output"]), speculators_format=speculators,
+    )
+    _one_layer(config, directory)
+    return config, raw
+
+
+def _eagle1_config(raw: dict[str, Any], directory: Path) -> HeadConfig:
+    """An EAGLE(-1) head's config: a Llama config (or vLLM's ``EAGLEConfig``, the Llama config
+    under ``model``)."""
+    if "speculators_model_type" in raw:
+        raise DraftfitError(
+            f"a speculators {raw['speculators_model_type']!r} checkpoint is not an EAGLE(-1) head vLLM 0.32 loads "
+            "(its speculators algorithms are eagle3, peagle and dflash)", where=str(directory),
+            fix="Use method eagle3 with a speculators eagle3 checkpoint, or an EAGLE head in the original Llama layout")
+    layer = raw["model"] if isinstance(raw.get("model"), dict) else raw
+    fields = _layer_fields(layer, directory)
+    config = HeadConfig(**fields, draft_vocab_size=fields["vocab_size"], target_hidden_size=fields["hidden_size"],
+                        aux_layer_ids=None, method="eagle")
+    _one_layer(config, directory)
+    return config
+
+
+def _layer_fields(layer: dict[str, Any], directory: Path) -> dict[str, Any]:
+    """The decoder layer's fields of :class:`HeadConfig` from a Llama layer config."""
     rope = layer.get("rope_scaling") or layer.get("rope_parameters") or {}
     rope_type = rope.get("rope_type") or rope.get("type") or "default"
     if rope_type != "default":
@@ -108,26 +160,22 @@ def read_config(directory: Path) -> tuple[HeadConfig, dict[str, Any]]:
                             where=str(directory), fix="Measure this head with `draftfit verify`")
     h = int(layer["hidden_size"])
     heads = int(layer["num_attention_heads"])
-    vocab = int(layer["vocab_size"])
-    aux = extra["eagle_aux_hidden_state_layer_ids"]
-    config = HeadConfig(
-        hidden_size=h, num_heads=heads, num_kv_heads=int(layer.get("num_key_value_heads") or heads),
-        head_dim=int(layer.get("head_dim") or h // heads), intermediate_size=int(layer["intermediate_size"]),
-        rms_norm_eps=float(layer.get("rms_norm_eps", 1e-6)),
-        rope_theta=float(rope.get("rope_theta") or layer.get("rope_theta") or 10000.0),
-        vocab_size=vocab, draft_vocab_size=int(extra["draft_vocab_size"] or vocab),
-        target_hidden_size=int(extra["target_hidden_size"] or h),
-        aux_layer_ids=tuple(int(i) for i in aux) if aux else None,
-        max_position_embeddings=int(layer.get("max_position_embeddings") or 2048),
-        num_layers=int(layer.get("num_hidden_layers") or 1),
-        norm_before_residual=bool(extra["norm_before_residual"]), norm_before_fc=bool(extra["norm_before_fc"]),
-        fc_norm=bool(extra["fc_norm"]), norm_output=bool(extra["norm_output"]),
-        attention_bias=bool(layer.get("attention_bias", False)), speculators_format=speculators,
-    )
+    return {
+        "hidden_size": h, "num_heads": heads, "num_kv_heads": int(layer.get("num_key_value_heads") or heads),
+        "head_dim": int(layer.get("head_dim") or h // heads), "intermediate_size": int(layer["intermediate_size"]),
+        "rms_norm_eps": float(layer.get("rms_norm_eps", 1e-6)),
+        "rope_theta": float(rope.get("rope_theta") or layer.get("rope_theta") or 10000.0),
+        "vocab_size": int(layer["vocab_size"]),
+        "max_position_embeddings": int(layer.get("max_position_embeddings") or 2048),
+        "num_layers": int(layer.get("num_hidden_layers") or 1), "attention_bias": bool(layer.get("attention_bias", False)),
+    }
+
+
+def _one_layer(config: HeadConfig, directory: Path) -> None:
     if config.num_layers != 1:
+        name = "EAGLE-3" if config.method == "eagle3" else "EAGLE"
         raise DraftfitError(f"the head has {config.num_layers} decoder layers; this draftfit version runs one-layer "
-                            "EAGLE-3 heads offline", where=str(directory), fix="Measure this head with `draftfit verify`")
-    return config, raw
+                            f"{name} heads offline", where=str(directory), fix="Measure this head with `draftfit verify`")
 
 
 def _torch():
@@ -142,9 +190,21 @@ def _rms(x, weight, eps):
     return (x.float() * torch.rsqrt(var + eps)).to(x.dtype) * weight
 
 
+def _initializer(seed: int):
+    """``lin(out, inp)``: a Llama-style normal(0, 0.02) linear weight, trainable, from one seeded stream."""
+    torch = _torch()
+    g = torch.Generator().manual_seed(int(seed))
+
+    def lin(out, inp):
+        return (torch.randn(out, inp, generator=g) * 0.02).requires_grad_()
+
+    return lin
+
+
 class Eagle3Head:
     """The head's tensors and its passes (plain torch; differentiable, so training uses it too)."""
 
+    METHOD = "eagle3"
     PARAMS = ("fc", "input_layernorm", "hidden_norm", "q_proj", "k_proj", "v_proj", "o_proj",
               "post_attention_layernorm", "gate_proj", "up_proj", "down_proj", "norm", "lm_head")
 
@@ -164,13 +224,9 @@ class Eagle3Head:
     def init(cls, config: HeadConfig, embed, n_aux: int, seed: int = 0, d2t=None) -> Eagle3Head:
         """A freshly initialised head (for training): Llama-style normal(0, 0.02) linears, unit norms."""
         torch = _torch()
-        g = torch.Generator().manual_seed(int(seed))
         c = config
         h, hd = c.hidden_size, c.head_dim
-
-        def lin(out, inp):
-            return (torch.randn(out, inp, generator=g) * 0.02).requires_grad_()
-
+        lin = _initializer(seed)
         t = {
             "fc": lin(h, n_aux * c.target_hidden_size),
             "input_layernorm": torch.ones(h, requires_grad=True), "hidden_norm": torch.ones(h, requires_grad=True),
@@ -190,13 +246,13 @@ class Eagle3Head:
 
         torch = _torch()
         directory = Path(directory)
-        config, _ = read_config(directory)
+        config, _ = read_config(directory, cls.METHOD)
         tensors: dict[str, Any] = {}
         for f in sorted(directory.glob("*.safetensors")):
             tensors.update(load_file(str(f)))
         if not tensors:
             raise DraftfitError("no .safetensors weights in the head's directory", where=str(directory),
-                                fix="Point `model` at an EAGLE-3 checkpoint directory")
+                                fix="Point `model` at the head's checkpoint directory")
         named = {}
         for name, value in tensors.items():
             key = name.replace("midlayer.", "layers.0.").removeprefix("model.")
@@ -214,7 +270,7 @@ class Eagle3Head:
         missing = [p for p in cls.PARAMS if p not in named and not (p == "lm_head" and config.draft_vocab_size == config.vocab_size)]
         if missing:
             raise DraftfitError(f"the head's checkpoint lacks {', '.join(missing)}", where=str(directory),
-                                fix="Use an EAGLE-3 checkpoint vLLM loads (speculators' or the original layout)")
+                                fix=f"Use a {cls.METHOD} checkpoint vLLM loads (see draftfit.eagle_head for the layouts)")
         if "lm_head" not in named:
             named["lm_head"] = target_lm_head(target_dir) if target_dir is not None else embed
         if config.draft_vocab_size != config.vocab_size and d2t is None:
@@ -232,15 +288,7 @@ class Eagle3Head:
         c = self.config
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
-        layer = {
-            "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": c.hidden_size,
-            "num_attention_heads": c.num_heads, "num_key_value_heads": c.num_kv_heads, "head_dim": c.head_dim,
-            "intermediate_size": c.intermediate_size, "num_hidden_layers": 1, "rms_norm_eps": c.rms_norm_eps,
-            "rope_theta": c.rope_theta, "rope_parameters": {"rope_type": "default", "rope_theta": c.rope_theta},
-            "vocab_size": c.vocab_size, "hidden_act": "silu",
-            "max_position_embeddings": c.max_position_embeddings, "tie_word_embeddings": False,
-            "attention_bias": False, "mlp_bias": False, "torch_dtype": "bfloat16",
-        }
+        layer = self._layer_config()
         config = {
             "speculators_model_type": "eagle3", "architectures": ["Eagle3Speculator"],
             "transformer_layer_config": layer, "draft_vocab_size": c.draft_vocab_size,
@@ -252,18 +300,7 @@ class Eagle3Head:
                 "verifier": {"name_or_path": verifier, "architectures": ["LlamaForCausalLM"]},
             },
         }
-        prefix = {"fc": "fc", "norm": "norm", "lm_head": "lm_head"}
-        out = {}
-        for name in self.PARAMS:
-            if name in prefix:
-                key = prefix[name]
-            elif name in ("q_proj", "k_proj", "v_proj", "o_proj"):
-                key = f"layers.0.self_attn.{name}"
-            elif name in ("gate_proj", "up_proj", "down_proj"):
-                key = f"layers.0.mlp.{name}"
-            else:
-                key = f"layers.0.{name}"
-            out[f"{key}.weight"] = self.t[name].detach().to(torch.bfloat16).contiguous()
+        out = self._layer_tensors(self.PARAMS)
         if self.d2t is not None:
             out["d2t"] = self.d2t.contiguous()
             t2d = torch.zeros(c.vocab_size, dtype=torch.bool)
@@ -274,6 +311,36 @@ class Eagle3Head:
 
     def parameters(self) -> list:
         return [v for v in self.t.values() if getattr(v, "requires_grad", False)]
+
+    def _layer_config(self) -> dict[str, Any]:
+        """The head's decoder layer as a one-layer Llama config."""
+        c = self.config
+        return {
+            "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": c.hidden_size,
+            "num_attention_heads": c.num_heads, "num_key_value_heads": c.num_kv_heads, "head_dim": c.head_dim,
+            "intermediate_size": c.intermediate_size, "num_hidden_layers": 1, "rms_norm_eps": c.rms_norm_eps,
+            "rope_theta": c.rope_theta, "rope_parameters": {"rope_type": "default", "rope_theta": c.rope_theta},
+            "vocab_size": c.vocab_size, "hidden_act": "silu",
+            "max_position_embeddings": c.max_position_embeddings, "tie_word_embeddings": False,
+            "attention_bias": False, "mlp_bias": False, "torch_dtype": "bfloat16",
+        }
+
+    def _layer_tensors(self, names) -> dict[str, Any]:
+        """``names`` as checkpoint tensors (Llama names of layer 0; ``fc``, ``norm``, ``lm_head`` at
+        the top), in bfloat16 as vLLM serves them."""
+        torch = _torch()
+        out = {}
+        for name in names:
+            if name in ("fc", "norm", "lm_head"):
+                key = name
+            elif name in ("q_proj", "k_proj", "v_proj", "o_proj"):
+                key = f"layers.0.self_attn.{name}"
+            elif name in ("gate_proj", "up_proj", "down_proj"):
+                key = f"layers.0.mlp.{name}"
+            else:
+                key = f"layers.0.{name}"
+            out[f"{key}.weight"] = self.t[name].detach().to(torch.bfloat16).contiguous()
+        return out
 
     # --- passes -----------------------------------------------------------------------------
 
@@ -299,13 +366,17 @@ class Eagle3Head:
         rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
         return x * cos + rotated * sin
 
-    def _qkv(self, tokens, hidden, positions):
-        """Layer input of (token, hidden) rows: q, k, v (rotated) and the residual."""
+    def _layer_input(self, tokens, hidden):
+        """What q/k/v read, [input_layernorm(embed), hidden_norm(hidden)], and the residual."""
         c = self.config
         e = _rms(self.embed[tokens], self.t["input_layernorm"], c.rms_norm_eps)
         normed = _rms(hidden, self.t["hidden_norm"], c.rms_norm_eps)
-        residual = normed if c.norm_before_residual else hidden
-        x = _torch().cat([e, normed], dim=-1)
+        return _torch().cat([e, normed], dim=-1), (normed if c.norm_before_residual else hidden)
+
+    def _qkv(self, tokens, hidden, positions):
+        """Layer input of (token, hidden) rows: q, k, v (rotated) and the residual."""
+        c = self.config
+        x, residual = self._layer_input(tokens, hidden)
         shape = x.shape[:-1]
         q = x @ self.t["q_proj"].T
         k = x @ self.t["k_proj"].T
@@ -411,6 +482,70 @@ class Eagle3Head:
             return self.to_target(logits.argmax(-1)).numpy()
 
 
+class EagleHead(Eagle3Head):
+    """An EAGLE(-1) head: the chain of :class:`Eagle3Head` over EAGLE-1's layer (module doc)."""
+
+    METHOD = "eagle"
+    PARAMS = ("fc", "q_proj", "k_proj", "v_proj", "o_proj", "post_attention_layernorm", "gate_proj", "up_proj",
+              "down_proj", "lm_head")
+
+    @classmethod
+    def init(cls, config: HeadConfig, embed, n_aux: int = 1, seed: int = 0, d2t=None) -> EagleHead:
+        """A freshly initialised head (for training): Llama-style normal(0, 0.02) linears, unit norms."""
+        torch = _torch()
+        c = config
+        h, hd = c.hidden_size, c.head_dim
+        lin = _initializer(seed)
+        t = {
+            "fc": lin(h, 2 * h), "q_proj": lin(c.num_heads * hd, h), "k_proj": lin(c.num_kv_heads * hd, h),
+            "v_proj": lin(c.num_kv_heads * hd, h), "o_proj": lin(h, c.num_heads * hd),
+            "post_attention_layernorm": torch.ones(h, requires_grad=True),
+            "gate_proj": lin(c.intermediate_size, h), "up_proj": lin(c.intermediate_size, h),
+            "down_proj": lin(h, c.intermediate_size), "lm_head": lin(c.draft_vocab_size, h),
+        }
+        return cls(config, t, embed, d2t)
+
+    def save(self, directory: Path, *, verifier: str, target_layers: int, speculative_tokens: int = 3) -> None:
+        """Write the head as vLLM loads an EAGLE head: a one-layer Llama config, ``layers.0.*`` and
+        ``fc``; no embeddings and no LM head (vLLM shares the target's)."""
+        from safetensors.torch import save_file
+
+        directory = Path(directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        config = self._layer_config() | {
+            "draftfit_head": {"method": "eagle", "verifier": verifier, "target_layers": int(target_layers)}}
+        out = self._layer_tensors([name for name in self.PARAMS if name != "lm_head"])  # vLLM shares the target's
+        save_file(out, str(directory / WEIGHTS), metadata={"format": "pt"})
+        (directory / "config.json").write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
+
+    def fuse(self, aux):
+        """The target's state is read as it comes (its last layer's, normed)."""
+        return aux
+
+    def _layer_input(self, tokens, hidden):
+        """``fc([embed, hidden])``: what q/k/v read (no input norm) and the residual."""
+        x = _torch().cat([self.embed[tokens], hidden], dim=-1) @ self.t["fc"].T
+        return x, x
+
+    def _finish(self, attn, residual):
+        """o_proj, add-and-norm, MLP, add: the pre-norm sum is the output and the next hidden."""
+        torch = _torch()
+        c = self.config
+        residual = attn.reshape(*attn.shape[:-2], -1) @ self.t["o_proj"].T + residual
+        x = _rms(residual, self.t["post_attention_layernorm"], c.rms_norm_eps)
+        out = (torch.nn.functional.silu(x @ self.t["gate_proj"].T) * (x @ self.t["up_proj"].T)) @ self.t["down_proj"].T + residual
+        return out, out
+
+
+HEADS = {cls.METHOD: cls for cls in (Eagle3Head, EagleHead)}
+
+
+def load_head(directory: Path, target_dir: Path | None = None, method: str | None = None) -> Eagle3Head:
+    """The head of ``directory`` as the class of its method (``method``, else what its config says)."""
+    config, _ = read_config(directory, method)
+    return HEADS[config.method].load(directory, target_dir)
+
+
 def target_embeddings(target_dir: Path):
     """The target's input embeddings (what vLLM shares with a head that has none)."""
     return _target_tensor(target_dir, ("model.embed_tokens.weight", "embed_tokens.weight"))
@@ -450,15 +585,16 @@ class TargetStates:
         self.model = AutoModelForCausalLM.from_pretrained(str(target_dir), dtype=getattr(torch, self.dtype))
         self.model.eval()
         n_layers = int(self.model.config.num_hidden_layers)
-        bad = [i for i in layer_ids if not 0 <= i < n_layers]
+        bad = [i for i in layer_ids if not 0 <= i <= n_layers]  # n_layers: the normed output (EAGLE-1's)
         if bad:
             raise DraftfitError(f"auxiliary layer ids {bad} are outside the target's layers 0..{n_layers - 1}",
                                 where=str(target_dir), fix="Use a head trained for this target")
         self.layer_ids = tuple(int(i) for i in layer_ids)
 
     def __call__(self, seq: Sequence[int], top_k: int = 0):
-        """``[len(seq), n_aux · hidden]`` float32: the states entering each auxiliary layer; with
-        ``top_k``, also the target's top-k next-token ids and probabilities at every position."""
+        """``[len(seq), n_aux · hidden]`` float32: the states entering each auxiliary layer (index L:
+        the normed output); with ``top_k``, also the target's top-k next-token ids and
+        probabilities at every position."""
         import torch
 
         with torch.no_grad():
@@ -476,7 +612,7 @@ CHAINS_VERSION = 1
 
 
 def head_chains(trajset, head: Path, target_dir: Path, head_fp: str, steps: int, stops: np.ndarray,
-                progress=lambda message: None) -> list[np.ndarray]:
+                progress=lambda message: None, method: str | None = None) -> list[np.ndarray]:
     """The head's greedy chain of ``steps`` drafts from every step start of every response
     (``[N_b − 1, steps]`` each; see :meth:`Eagle3Head.greedy_chains`), cached per trajectory set,
     head and length."""
@@ -486,15 +622,18 @@ def head_chains(trajset, head: Path, target_dir: Path, head_fp: str, steps: int,
     from draftfit.paths import cache_subdir
 
     dtype = str(trajset.engine.get("dtype") or "").removeprefix("torch.") or None  # the states as the engine rounds them
-    blob = json.dumps({"v": CHAINS_VERSION, "trajectories": trajset.key, "head": head_fp, "steps": int(steps),
-                       "stops": [int(x) for x in stops], "dtype": dtype}, sort_keys=True)
+    key = {"v": CHAINS_VERSION, "trajectories": trajset.key, "head": head_fp, "steps": int(steps),
+           "stops": [int(x) for x in stops], "dtype": dtype}
+    if method == "eagle":  # EAGLE-3 chains keep their keys
+        key["method"] = method
+    blob = json.dumps(key, sort_keys=True)
     final = cache_subdir("head_chains") / hashlib.sha256(blob.encode()).hexdigest()[:24]
     if final.exists():
         if cachedir.verified(final, what="EAGLE head chains") is not None:
             data = np.load(final / "chains.npz")
             return [data[f"c{b}"] for b in range(len(trajset.trajectories))]
         cachedir.discard(final)
-    model = Eagle3Head.load(head, target_dir)
+    model = load_head(head, target_dir, method)
     layers = json.loads((Path(target_dir) / "config.json").read_text(encoding="utf-8"))["num_hidden_layers"]
     states = TargetStates(target_dir, model.config.aux_layers(int(layers)), dtype if dtype in ("float32", "bfloat16", "float16") else None)
     chains = []

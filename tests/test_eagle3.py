@@ -1,5 +1,6 @@
 """EAGLE-3 offline: the batched chains and their walk against a plain proposer loop, the checkpoint
-format, the head checks, and (slow) a head trained here against vLLM's own counters."""
+format, the head checks, and (slow) an EAGLE-3 and an EAGLE head trained here against vLLM's own
+counters."""
 
 from __future__ import annotations
 
@@ -37,11 +38,12 @@ def tiny_head(seed: int, *, norm_before_residual: bool = True, reduced: bool = T
     return head
 
 
-def sequence_following(head: Eagle3Head, prompt_len: int, length: int, follow: float, rng) -> tuple[np.ndarray, torch.Tensor]:
+def sequence_following(head: Eagle3Head, prompt_len: int, length: int, follow: float, rng,
+                       width: int = 3 * H) -> tuple[np.ndarray, torch.Tensor]:
     """A sequence whose response takes the head's first-pass prediction with probability ``follow``
-    (so chains are accepted now and then), with random target states."""
+    (so chains are accepted now and then), with random target states ``width`` wide."""
     seq = list(rng.integers(0, VOCAB, prompt_len + 1))
-    aux = torch.as_tensor(rng.normal(size=(length, 3 * H)), dtype=torch.float32)
+    aux = torch.as_tensor(rng.normal(size=(length, width)), dtype=torch.float32)
     while len(seq) < length:
         s = torch.as_tensor(seq, dtype=torch.long)
         out, _, _, _ = head.prefix_pass(s, head.fuse(aux[: len(seq) - 1]))
@@ -56,19 +58,19 @@ def trajectory(seq: np.ndarray, prompt_len: int) -> Trajectory:
                       np.zeros((t, 1), np.int32), np.zeros((t, 1), np.float32), "length")
 
 
-@pytest.mark.parametrize("seed, norm_before_residual, reduced", [(0, True, True), (1, False, True), (2, True, False)])
-def test_batched_chains_and_walk_equal_the_proposer_loop(seed, norm_before_residual, reduced):
-    head = tiny_head(seed, norm_before_residual=norm_before_residual, reduced=reduced)
+def walk_equals_the_proposer_loop(head, proposer, seed: int, width: int) -> None:
+    """Three requests whose answers follow the head now and then: the walk over the batched chains
+    gives what ``proposer`` (a reference_eagle class) counts, request by request, for k = 1–4."""
     rng = np.random.default_rng(seed)
     n_stop, ks, look_ahead = 14, [1, 2, 3, 4], 4
     trajs, chains, reference = [], [], {k: np.zeros(3) for k in ks}
     for prompt_len in (3, 6, 9):
-        seq, aux = sequence_following(head, prompt_len, prompt_len + n_stop + look_ahead, 0.6, rng)
+        seq, aux = sequence_following(head, prompt_len, prompt_len + n_stop + look_ahead, 0.6, rng, width)
         trajs.append(trajectory(seq, prompt_len))
         chains.append(head.greedy_chains(seq, aux, prompt_len - 1, prompt_len + n_stop - 3, max(ks)))
         fused = head.fuse(aux).detach()
         for k in ks:
-            reference[k] += Proposer(head).run(seq, fused, prompt_len, k, n_stop)
+            reference[k] += proposer(head).run(seq, fused, prompt_len, k, n_stop)
     walked = predict_chains(trajs, chains, ks, max_tokens=n_stop)
     assert walked.exact
     for k in ks:
@@ -76,6 +78,12 @@ def test_batched_chains_and_walk_equal_the_proposer_loop(seed, norm_before_resid
         got = (counts.num_drafts, counts.num_draft_tokens, counts.num_accepted_tokens)
         assert np.allclose(got, reference[k]), (k, got, reference[k])
     assert reference[3][2] > 0  # the check can fail: drafts are accepted
+
+
+@pytest.mark.parametrize("seed, norm_before_residual, reduced", [(0, True, True), (1, False, True), (2, True, False)])
+def test_batched_chains_and_walk_equal_the_proposer_loop(seed, norm_before_residual, reduced):
+    head = tiny_head(seed, norm_before_residual=norm_before_residual, reduced=reduced)
+    walk_equals_the_proposer_loop(head, Proposer, seed, 3 * H)
 
 
 @pytest.mark.parametrize("seed, norm_before_residual", [(0, True), (1, False)])
@@ -186,9 +194,9 @@ CI_RECIPE = {"max_tokens": 64, "epochs": 5, "draft_vocab": 4096, "max_prompt_tok
 TRAINING_PROMPTS = 120
 
 
-@pytest.fixture(scope="module")
-def trained(smollm2_ref, smollm2_meta, smollm2_model, engine_slot):
-    """A small head trained in the test session on demo prompts, and the held-back prompts' answers."""
+def train_in_session(method: str, smollm2_ref, smollm2_meta, smollm2_model, engine_slot):
+    """A small ``method`` head trained in the test session on demo prompts, and the held-back
+    prompts' answers (both cached: a second head reuses the target's answers)."""
     pytest.importorskip("vllm")
     from contextlib import nullcontext
 
@@ -196,7 +204,7 @@ def trained(smollm2_ref, smollm2_meta, smollm2_model, engine_slot):
     from draftfit.engines import EngineConfig, SamplingSpec
     from draftfit.engines.vllm_engine import VLLMEngine
     from draftfit.prompts.sampling import study_prompts
-    from draftfit.train_head import HeadRecipe, train_eagle3, training_prompts
+    from draftfit.train_head import HeadRecipe, train_eagle_head, training_prompts
     from draftfit.trajectories import target_trajectories
 
     target = engine_slot.acquire(("smollm2", "float32"),
@@ -205,17 +213,16 @@ def trained(smollm2_ref, smollm2_meta, smollm2_model, engine_slot):
     held = [item for item in study_prompts(study, smollm2_meta).items]
     prompts = training_prompts(study, smollm2_meta, [item.id for item in held])[1][:TRAINING_PROMPTS]
     config = EngineConfig(dtype="float32", max_model_len=1024)
-    head = train_eagle3(smollm2_ref, prompts, HeadRecipe(**CI_RECIPE), engine_config=config,
-                        engine_factory=lambda ref: nullcontext(target))
+    head = train_eagle_head(smollm2_ref, prompts, HeadRecipe(**CI_RECIPE), method=method, engine_config=config,
+                            engine_factory=lambda ref: nullcontext(target))
     trajset = target_trajectories(smollm2_ref, [item.input_ids for item in held], SamplingSpec(0.0, 1.0, MAX_TOKENS + K, 0),
                                   engine_config=config, top_k=1, engine_factory=lambda ref: nullcontext(target))
     assert not set(map(tuple, prompts)) & {tuple(item.input_ids) for item in held}  # held back from training
     return head, trajset
 
 
-@pytest.mark.slow
-@pytest.mark.engine
-def test_trained_head_predicted_al_matches_vllms_counters(trained, smollm2_model, engine_slot):
+def predicted_and_vllms_al(method: str, trained, smollm2_model, engine_slot) -> tuple[float, float]:
+    """The head's predicted AL at k=K on the held-back prompts, and vLLM's counters' running it."""
     from draftfit.acceptance_walk import stop_positions, summarize
     from draftfit.eagle_head import head_chains
     from draftfit.engines import SamplingSpec
@@ -223,13 +230,27 @@ def test_trained_head_predicted_al_matches_vllms_counters(trained, smollm2_model
 
     head, trajset = trained
     stops = stop_positions(trajset, MAX_TOKENS)
-    chains = head_chains(trajset, head.path, smollm2_model, head.path.name, K, stops)
+    chains = head_chains(trajset, head.path, smollm2_model, head.path.name, K, stops, method=method)
     predicted = summarize(predict_chains(trajset, chains, [K], max_tokens=MAX_TOKENS), K)
     engine_slot.release()  # the speculative run starts an engine of its own
     run = run_speculative(smollm2_model, [t.prompt_token_ids.tolist() for t in trajset.trajectories],
-                          SamplingSpec(0.0, 1.0, MAX_TOKENS, 0), {"method": "eagle3", "model": str(head.path), "num_speculative_tokens": K},
+                          SamplingSpec(0.0, 1.0, MAX_TOKENS, 0), {"method": method, "model": str(head.path), "num_speculative_tokens": K},
                           dtype="float32", max_model_len=1024, gpu_memory_utilization=SMALL_KV, progress=False)
     truth = run.counters.mean_acceptance_length
-    print(f"EAGLE-3 head, held-back prompts, k={K}: predicted AL {predicted.point:.4f}, vLLM {truth:.4f}")
-    assert predicted.point >= AL_FLOOR  # a head with real acceptance, so the comparison can fail
-    assert abs(predicted.point - truth) <= AL_TOLERANCE_T0 * truth
+    print(f"{method} head, held-back prompts, k={K}: predicted AL {predicted.point:.4f}, vLLM {truth:.4f}")
+    return predicted.point, truth
+
+
+@pytest.fixture(scope="module", params=["eagle3", "eagle"])
+def trained(request, smollm2_ref, smollm2_meta, smollm2_model, engine_slot):
+    """An EAGLE-3 head, then an EAGLE head (EAGLE-1), trained on the same answers."""
+    return request.param, train_in_session(request.param, smollm2_ref, smollm2_meta, smollm2_model, engine_slot)
+
+
+@pytest.mark.slow
+@pytest.mark.engine
+def test_trained_head_predicted_al_matches_vllms_counters(trained, smollm2_model, engine_slot):
+    method, head = trained
+    predicted, truth = predicted_and_vllms_al(method, head, smollm2_model, engine_slot)
+    assert predicted >= AL_FLOOR  # a head with real acceptance, so the comparison can fail
+    assert abs(predicted - truth) <= AL_TOLERANCE_T0 * truth

@@ -32,8 +32,9 @@ CANDIDATES = {
 HAS_ARCTIC = importlib.util.find_spec("arctic_inference") is not None
 ROUTE = {"draft_model": "scored", "draft_model-derived": "scored", "ngram": "simulated",
          "suffix": "simulated" if HAS_ARCTIC else "skipped", "eagle": "skipped", "eagle3": "skipped", "mtp": "skipped"}
-# why each skipped one is skipped (eagle3 here names a plain model: heads are tested in test_eagle3)
-SKIP_SAYS = {"suffix": "pip install arctic-inference", "eagle": "draftfit verify", "eagle3": "is not an EAGLE-3 head",
+# why each skipped one is skipped (the heads here name a plain model: heads are tested in test_eagle3
+# and test_eagle)
+SKIP_SAYS = {"suffix": "pip install arctic-inference", "eagle": "is not an EAGLE head", "eagle3": "is not an EAGLE-3 head",
              "mtp": "draftfit verify"}
 
 

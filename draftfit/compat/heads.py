@@ -54,12 +54,14 @@ class HeadCheck:
 
 
 def layer_config(config: dict[str, Any]) -> dict[str, Any]:
-    """The head's Llama layer config: speculators' ``transformer_layer_config``, or the config itself."""
+    """The head's Llama layer config: speculators' ``transformer_layer_config``, vLLM's
+    ``EAGLEConfig``'s ``model``, or the config itself."""
     if "speculators_model_type" in config:
         return {**(config.get("transformer_layer_config") or {}),
                 **{k: config[k] for k in ("draft_vocab_size", "eagle_aux_hidden_state_layer_ids") if k in config}}
+    if isinstance(config.get("model"), dict):
+        return config["model"]
     return config
-
 
 
 def tensor_names(directory: Path) -> set[str]:
@@ -76,6 +78,8 @@ def head_method(config: dict[str, Any]) -> str | None:
     """The speculative method a config.json describes as a head (None: an ordinary model)."""
     if config.get("speculators_model_type"):
         return str(config["speculators_model_type"])
+    if (config.get("draftfit_head") or {}).get("method"):  # a head draftfit trained
+        return str(config["draftfit_head"]["method"])
     archs = " ".join(config.get("architectures") or [])
     if "Eagle3" in archs or config.get("draft_vocab_size") is not None:
         return "eagle3"
@@ -96,7 +100,7 @@ def check_head(method: str, head_dir: Path | None, target_config: dict[str, Any]
     target_layers = int(target_config.get("num_hidden_layers") or 0)
     target_hidden = int(target_config.get("hidden_size") or 0)
     head_target_hidden = int(config.get("target_hidden_size") or layer.get("target_hidden_size") or layer.get("hidden_size") or 0)
-    if method == "eagle3" and target_hidden and head_target_hidden and head_target_hidden != target_hidden:
+    if target_hidden and head_target_hidden and head_target_hidden != target_hidden:
         report.error(f"the head was trained for a target of hidden size {head_target_hidden}; this target's is "
                      f"{target_hidden} (vLLM fails loading its fc weights)", "Use a head trained for this target")
     aux = (config.get("eagle_aux_hidden_state_layer_ids") or layer.get("eagle_aux_hidden_state_layer_ids")
