@@ -140,6 +140,7 @@ class MeasuredEntry(_AcceptancePredicted, _SpeedPredicted, total=False):
     prompts_hash: Annotated[str, _("The prompt set sent (SHA-256 of the token ids), as `rank`'s.")]
     serve_argv: Annotated[list[str] | None, _("The `vllm serve` command that ran (the server path).")]
     server_url: Annotated[str | None, _("Where the server listened (localhost) or the --server URL.")]
+    server_state: Annotated[str | None, _("A method drafting from earlier requests (suffix): its server was `fresh every run`, or its state `carried over` (a --server URL).")]
     prompt_token_mismatches: Annotated[int, _("Requests whose prompt the server counted in other tokens than `rank`'s.")]
     output_tok_s_rounds_measured: Annotated[list[Num | None], _("Output tok/s of each round.")]
     itl_rounds_measured: Annotated[dict[str, Any], _("Mean ITL per round, their median and its bootstrap 95% interval, ms.")]

@@ -372,6 +372,70 @@ def test_requests_cycle_over_the_prompts():
     assert engine.max_in_flight == 1
 
 
+class StandInServer(StandInEngine):
+    """A stand-in server that counts nothing (no spec-decode counters)."""
+
+    async def reset_prefix_cache(self):
+        return None
+
+    async def counts(self):
+        return None
+
+
+class StandInEndpoints:
+    """Opens a :class:`StandInServer` per start and records which configuration it started."""
+
+    def __init__(self, mode="serve"):
+        self.mode = mode
+        self.started: list[str] = []
+        self.up: dict[str, int] = {}
+        self.most_up = 0  # of one configuration at once
+
+    def open(self, config, runs):
+        import contextlib
+
+        from draftfit.verify.measure import Live
+
+        @contextlib.asynccontextmanager
+        async def server():
+            self.started.append(config.label)
+            self.up[config.label] = self.up.get(config.label, 0) + 1
+            self.most_up = max(self.most_up, self.up[config.label])
+            try:
+                yield Live(StandInServer(tokens=2))
+            finally:
+                self.up[config.label] -= 1
+
+        return server()
+
+
+@pytest.mark.parametrize("together", [True, False])
+@pytest.mark.parametrize("mode", ["serve", "url"])
+def test_suffix_is_measured_on_a_fresh_server_every_run(together, mode):
+    """Suffix decoding drafts from earlier responses: a server that answered the same prompts in an
+    earlier round would draft its own answers, so each of its runs gets a server of its own; other
+    methods keep one server per group (side by side) or per round (one at a time). A running
+    server (--server) cannot be restarted: its state is said to be carried over."""
+    from draftfit.verify.measure import measure_group
+    from draftfit.verify.selection import VerifyConfig
+
+    suffix, ngram = VerifyConfig("suffix", 2, "suffix"), VerifyConfig("ngram", 2, "ngram")
+    endpoints = StandInEndpoints(mode)
+    plan = StandInPlan([[0], [1]], 0.0, 1.0, 2, 0, (1, 4), requests=2, timeout_s=30.0)
+    runs = asyncio.run(measure_group([suffix, ngram], endpoints, plan, 3, together=together, progress=lambda m: None))
+    starts = {label: sum(s.startswith(label.strip()) for s in endpoints.started) for label in ("baseline", "suffix", "ngram")}
+    if mode == "url":
+        assert runs[suffix.label].server_state == "carried over"
+        assert starts["suffix"] == starts["ngram"] == (1 if together else 3)
+    else:
+        assert runs[suffix.label].server_state == "fresh every run"
+        assert starts["suffix"] == 3 * 2  # rounds × levels
+        assert starts["ngram"] == starts["baseline"] == (1 if together else 3)
+    assert runs[ngram.label].server_state is None
+    assert all(len(r.runs) == 3 * 2 and r.error is None for r in runs.values())
+    assert endpoints.most_up == 1 and not any(endpoints.up.values())  # each stopped before its next start
+
+
 @pytest.mark.parametrize(
     "index, concurrency, max_tokens, needed",
     [(0, 4, 48, 0), (1, 4, 48, 12), (3, 4, 48, 36), (4, 4, 48, 0), (9, 4, 48, 0), (1, 3, 10, 3), (2, 3, 10, 6), (0, 1, 48, 0)],

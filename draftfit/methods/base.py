@@ -114,6 +114,9 @@ class DraftMethod:
     model_free: bool = False  # proposes from the token sequences, no weights, no tokenizer check
     heterogeneous_vocab: bool = False  # vLLM's use_heterogeneous_vocab applies
     draft_tp_is_target_tp: bool = False  # vLLM runs the draft only at the target's TP
+    # proposes from what earlier requests produced (a cache that lives in the server): a server that
+    # answered the same prompts before drafts their answers, so verify measures it fresh every run
+    state_across_requests: bool = False
 
     # --- candidate files ------------------------------------------------------------------
 

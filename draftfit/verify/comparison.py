@@ -36,6 +36,8 @@ ROLLOUT_FLAGS = {
     "engine-fault-suspected": "acceptance outside what the prediction allows (see engine_fault)",
     "engine-failed": "the engine did not start or died",
     "no-baseline": "no baseline measured at this concurrency",
+    "server-state-carried-over": "a method drafting from earlier requests (suffix) measured on a running server: "
+                                 "rounds after the first drafted from the earlier rounds' answers to the same prompts",
 }
 
 
@@ -113,6 +115,8 @@ def rollout_flags(entry: dict[str, Any], baseline: dict[str, Any] | None) -> lis
         flags.append("rounds-disagree")
     if entry.get("engine_fault"):
         flags.append("engine-fault-suspected")
+    if entry.get("server_state") == "carried over":  # a running server's cache held earlier rounds' answers
+        flags.append("server-state-carried-over")
     if entry.get("candidate") is None:
         return flags
     if baseline is None or baseline.get("engine_failed"):

@@ -139,7 +139,7 @@ def group_entries(group: dict[str, ConfigRuns], verify_id: str, group_index: int
             "kind": "measured", "verify_id": verify_id, "group": group_index, "candidate": config.candidate, "k": config.k,
             "method": config.method, "draft": config.draft, "speculative_config": config.speculative_config,
             "draft_is_target": config.draft_is_target, "serve_argv": measured.serve_argv, "server_url": measured.url,
-            "startup_s": _median(measured.startup_s), **context,
+            "server_state": measured.server_state, "startup_s": _median(measured.startup_s), **context,
         }
         for level in levels:
             runs = _per_level(measured.runs, level)
