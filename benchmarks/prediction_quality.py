@@ -132,16 +132,26 @@ def separable(rows: list[dict]) -> list[dict]:
 
 
 def choose_grid(results, count: int | None, drafts: list[str] | None = None) -> list[str]:
-    """``count`` configurations of the ranked grid, spread over the drafts (``drafts``, default in
-    ranked order): each draft's smallest k, its predicted best k and one between, so that each
-    draft's best k and the order can be told apart by measurement."""
+    """``count`` configurations of the ranked grid, spread over the drafts (``drafts``; default the
+    best-ranked draft of each method, then the rest, in ranked order — so model-free methods, which
+    rank first on a small model, do not take every slot): each draft's smallest k, its predicted
+    best k and one between, so that each draft's best k and the order can be told apart by
+    measurement."""
     grid = [c for c in results.configs if c.get("rank") is not None]
     if not count or count >= len(grid):
         return [f"{c['candidate']}:{c['k']}" for c in results.configs]
     by_draft: dict[str, list[dict]] = {}
     for c in sorted(grid, key=lambda c: c["rank"]):
         by_draft.setdefault(c["candidate"], []).append(c)
-    order = drafts or list(by_draft)
+    if drafts:
+        order = drafts
+    else:
+        firsts, methods = [], set()
+        for draft, configs in by_draft.items():  # ranked order
+            if configs[0].get("method") not in methods:
+                methods.add(configs[0].get("method"))
+                firsts.append(draft)
+        order = firsts + [d for d in by_draft if d not in firsts]
     missing = [d for d in order if d not in by_draft]
     if missing:
         raise SystemExit(f"no ranked configurations of {', '.join(missing)}")
