@@ -11,8 +11,7 @@ Recipe (every number below is a :class:`HeadRecipe` field and part of the cache 
 3. **Vocabulary** — the draft vocabulary is the ``draft_vocab`` most frequent target tokens of the
    training answers (``d2t``/``t2d`` written as vLLM and speculators read them). An EAGLE head
    drafts over the target's whole vocabulary (vLLM maps no reduced one for it) through the target's
-   LM head, frozen: it is trained with the softmax over the same ``draft_vocab`` tokens, which
-   costs what an EAGLE-3 head's does instead of the whole vocabulary's.
+   LM head, frozen, and is trained with the softmax over all of it.
 4. **Training** — the head (one Llama decoder layer with 2·hidden q/k/v inputs, ``fc`` over the
    fused states, its own LM head initialised from the target's rows; embeddings shared with the
    target and frozen) is trained with training-time test: ``unroll`` chain steps, step 1 on the
@@ -91,6 +90,7 @@ def _key(target_fp: str, prompts_hash: str, recipe: HeadRecipe, method: str) -> 
     blob = {"v": RECIPE_VERSION, "target": target_fp, "prompts": prompts_hash, "recipe": recipe.to_dict()}
     if method != "eagle3":  # EAGLE-3 keys as before there were other heads
         blob["method"] = method
+        blob["recipe"].pop("draft_vocab")  # an EAGLE head's vocabulary is the target's
     digest = hashlib.sha256(json.dumps(blob, sort_keys=True).encode()).hexdigest()[:12]
     return f"{method}-{target_fp[:12]}-{digest}"
 
@@ -160,10 +160,12 @@ def _fit(target_dir: Path, seqs: list[np.ndarray], starts: list[int], recipe: He
     # the draft vocabulary: the most frequent tokens of the answers (ties by id), at most the target's
     answers = np.concatenate([s[p:] for s, p in zip(seqs, starts, strict=True)])
     counts = np.bincount(answers, minlength=vocab)
-    n_draft = min(int(recipe.draft_vocab), vocab)
+    # an EAGLE head drafts over the whole vocabulary through the target's LM head: it is trained with
+    # the softmax over all of it (over the frequent tokens only, the rest were never pushed down and
+    # took the argmax: a head trained so reached AL 1.005 on held-back prompts)
+    n_draft = min(int(recipe.draft_vocab), vocab) if method == "eagle3" else vocab
     keep = np.sort(np.argsort(-counts, kind="stable")[:n_draft])
-    # an EAGLE head keeps the target's vocabulary (no d2t); its training softmax is over `keep`
-    d2t = torch.as_tensor(keep - np.arange(n_draft), dtype=torch.long) if n_draft < vocab and method == "eagle3" else None
+    d2t = torch.as_tensor(keep - np.arange(n_draft), dtype=torch.long) if n_draft < vocab else None
     t2d = np.full(vocab, -1, dtype=np.int64)
     t2d[keep] = np.arange(n_draft)
     coverage = float(counts[keep].sum() / max(counts.sum(), 1))

@@ -1,6 +1,5 @@
 """EAGLE-3 offline: the batched chains and their walk against a plain proposer loop, the checkpoint
-format, the head checks, and (slow) an EAGLE-3 and an EAGLE head trained here against vLLM's own
-counters."""
+format, the head checks, and (slow) a head trained here against vLLM's own counters."""
 
 from __future__ import annotations
 
@@ -241,9 +240,11 @@ def predicted_and_vllms_al(method: str, trained, smollm2_model, engine_slot) -> 
     return predicted.point, truth
 
 
-@pytest.fixture(scope="module", params=["eagle3", "eagle"])
+# EAGLE (EAGLE-1) is not here: heads the recipe trained reached AL 1.005 and 1.009 on these prompts
+# (vLLM's counters agreed to the fourth decimal both times), too little for a check that can fail
+@pytest.fixture(scope="module", params=["eagle3"])
 def trained(request, smollm2_ref, smollm2_meta, smollm2_model, engine_slot):
-    """An EAGLE-3 head, then an EAGLE head (EAGLE-1), trained on the same answers."""
+    """An EAGLE-3 head trained on the demo prompts the held-back ones are not among."""
     return request.param, train_in_session(request.param, smollm2_ref, smollm2_meta, smollm2_model, engine_slot)
 
 

@@ -115,7 +115,9 @@ def test_early_exit_draft_costs_memory_and_ngram_none(measured_run):
     by_name = {c["candidate"]: c for c in data["configs"]}
     assert by_name["ngram-2-4"]["extra_vram_gib"] == 0.0
     assert by_name["early-exit-4"]["extra_vram_gib"] > 0.0
-    assert by_name["early-exit-4"]["vram"]["kv_draft_bytes_per_token"] == 2 * 4 * 3 * 64 * 2  # 2·layers·kv_heads·head_dim·bf16
+    # 2·layers·kv_heads·head_dim·bytes of the study's dtype (float32: the session's ranked study)
+    assert data["study"]["dtype"] == "float32"
+    assert by_name["early-exit-4"]["vram"]["kv_draft_bytes_per_token"] == 2 * 4 * 3 * 64 * 4
 
 
 @pytest.mark.slow

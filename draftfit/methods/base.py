@@ -198,7 +198,7 @@ class HeadMethod(DraftMethod):
         if not draft.model and not (draft.trained and self.trainable):
             raise ValueError(f"method {self.name} needs `model` (the head's checkpoint)")
         if draft.trained and not self.trainable:
-            raise ValueError(f"`trained` applies to methods eagle and eagle3 only, not {self.name}")
+            raise ValueError(f"`trained` applies to method eagle3 only, not {self.name}")
         if draft.derived:
             raise ValueError(f"`derived` applies to method draft_model only, not {self.name}")
         super().validate(draft)

@@ -121,6 +121,9 @@ class EagleFamily(HeadMethod):
 class Eagle(EagleFamily):
     name = "eagle"
     title = "EAGLE"
+    # draftfit.train_head can train one (method="eagle"), but the heads it trained for SmolLM2 reached
+    # AL 1.005–1.009 on held-back prompts: not offered to candidate files until the recipe works
+    trainable = False
     plain_layouts = (None,)  # the original EAGLE checkpoints carry a plain Llama config
     not_this_head = "its config.json names another kind of head, or its weights have no fc over [embedding, state]"
 
