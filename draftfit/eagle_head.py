@@ -389,16 +389,21 @@ class Eagle3Head:
         return q, k, v, residual
 
     def _finish(self, attn, residual):
-        """o_proj, add-and-norm, MLP, add-and-norm: (normed output, next chain hidden)."""
+        """The layer's rest, then the final norm: (normed output, next chain hidden)."""
+        c = self.config
+        prenorm = self._block(attn, residual)
+        out = _rms(prenorm, self.t["norm"], c.rms_norm_eps)
+        return out, (out if c.norm_output else prenorm)
+
+    def _block(self, attn, residual):
+        """o_proj, add-and-norm, MLP, add: the layer's pre-norm output."""
         torch = _torch()
         c = self.config
         o = attn.reshape(*attn.shape[:-2], -1) @ self.t["o_proj"].T
         residual = o + residual
         x = _rms(residual, self.t["post_attention_layernorm"], c.rms_norm_eps)
         m = (torch.nn.functional.silu(x @ self.t["gate_proj"].T) * (x @ self.t["up_proj"].T)) @ self.t["down_proj"].T
-        prenorm = m + residual
-        out = _rms(prenorm, self.t["norm"], c.rms_norm_eps)
-        return out, (out if c.norm_output else prenorm)
+        return m + residual
 
     def logits(self, out):
         """Draft-vocabulary logits of normed outputs."""
@@ -528,12 +533,8 @@ class EagleHead(Eagle3Head):
         return x, x
 
     def _finish(self, attn, residual):
-        """o_proj, add-and-norm, MLP, add: the pre-norm sum is the output and the next hidden."""
-        torch = _torch()
-        c = self.config
-        residual = attn.reshape(*attn.shape[:-2], -1) @ self.t["o_proj"].T + residual
-        x = _rms(residual, self.t["post_attention_layernorm"], c.rms_norm_eps)
-        out = (torch.nn.functional.silu(x @ self.t["gate_proj"].T) * (x @ self.t["up_proj"].T)) @ self.t["down_proj"].T + residual
+        """The layer's rest, no final norm: the pre-norm sum is the output and the next hidden."""
+        out = self._block(attn, residual)
         return out, out
 
 
@@ -587,7 +588,8 @@ class TargetStates:
         n_layers = int(self.model.config.num_hidden_layers)
         bad = [i for i in layer_ids if not 0 <= i <= n_layers]  # n_layers: the normed output (EAGLE-1's)
         if bad:
-            raise DraftfitError(f"auxiliary layer ids {bad} are outside the target's layers 0..{n_layers - 1}",
+            raise DraftfitError(f"auxiliary layer ids {bad} are outside the target's layers 0..{n_layers - 1} "
+                                f"({n_layers}: its normed output)",
                                 where=str(target_dir), fix="Use a head trained for this target")
         self.layer_ids = tuple(int(i) for i in layer_ids)
 

@@ -26,7 +26,6 @@ Recipe (every number below is a :class:`HeadRecipe` field and part of the cache 
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import json
 import logging
 import time
@@ -147,6 +146,7 @@ def _fit(target_dir: Path, seqs: list[np.ndarray], starts: list[int], recipe: He
         HEADS,
         HeadConfig,
         TargetStates,
+        default_aux_layers,
         target_embeddings,
         target_lm_head,
     )
@@ -175,13 +175,12 @@ def _fit(target_dir: Path, seqs: list[np.ndarray], starts: list[int], recipe: He
         head_dim=int(cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]),
         intermediate_size=int(cfg["intermediate_size"]), rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-5)),
         rope_theta=float(rope.get("rope_theta") or cfg.get("rope_theta") or 10000.0), vocab_size=vocab,
-        draft_vocab_size=n_draft, target_hidden_size=int(cfg["hidden_size"]), aux_layer_ids=None,
+        draft_vocab_size=n_draft, target_hidden_size=int(cfg["hidden_size"]),
+        aux_layer_ids=default_aux_layers(layers) if method == "eagle3" else None,
         max_position_embeddings=int(cfg.get("max_position_embeddings") or 2048), norm_before_residual=True,
         method=method,
     )
     aux = config.aux_layers(layers)
-    if method == "eagle3":
-        config = dataclasses.replace(config, aux_layer_ids=aux)
     embed = target_embeddings(target_dir)
     head = HEADS[method].init(config, embed, len(aux), seed=recipe.seed, d2t=d2t)
     with torch.no_grad():

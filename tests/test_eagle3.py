@@ -242,16 +242,15 @@ def predicted_and_vllms_al(method: str, trained, smollm2_model, engine_slot) -> 
 
 # EAGLE (EAGLE-1) is not here: heads the recipe trained reached AL 1.005 and 1.009 on these prompts
 # (vLLM's counters agreed to the fourth decimal both times), too little for a check that can fail
-@pytest.fixture(scope="module", params=["eagle3"])
-def trained(request, smollm2_ref, smollm2_meta, smollm2_model, engine_slot):
+@pytest.fixture(scope="module")
+def trained(smollm2_ref, smollm2_meta, smollm2_model, engine_slot):
     """An EAGLE-3 head trained on the demo prompts the held-back ones are not among."""
-    return request.param, train_in_session(request.param, smollm2_ref, smollm2_meta, smollm2_model, engine_slot)
+    return train_in_session("eagle3", smollm2_ref, smollm2_meta, smollm2_model, engine_slot)
 
 
 @pytest.mark.slow
 @pytest.mark.engine
 def test_trained_head_predicted_al_matches_vllms_counters(trained, smollm2_model, engine_slot):
-    method, head = trained
-    predicted, truth = predicted_and_vllms_al(method, head, smollm2_model, engine_slot)
+    predicted, truth = predicted_and_vllms_al("eagle3", trained, smollm2_model, engine_slot)
     assert predicted >= AL_FLOOR  # a head with real acceptance, so the comparison can fail
     assert abs(predicted - truth) <= AL_TOLERANCE_T0 * truth

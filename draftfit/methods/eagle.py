@@ -5,8 +5,8 @@ Offline (draftfit.eagle_head): one transformers prefill per response gives the t
 states the head reads; the head then runs as vLLM's proposer does — a chain from every step start,
 conditioned on the target's states up to the start and on its own after it — and the walk reads
 the chains for every k (draftfit.acceptance_walk.predict_chains). Greedy drafting (vLLM's default).
-``trained:`` trains a head here for the target (draftfit.train_head), on the bundled prompts less
-the ones the study predicts on.
+``trained:`` (EAGLE-3 only, see ``Eagle.trainable``) trains a head here for the target
+(draftfit.train_head), on the bundled prompts less the ones the study predicts on.
 """
 
 from __future__ import annotations
@@ -23,7 +23,6 @@ class EagleFamily(HeadMethod):
 
     trainable = True
     title = ""  # how progress lines and labels name it
-    plain_layouts: tuple = ()  # what head_method() says of configs this method loads, besides its own name
     not_this_head = ""  # why a config is not this method's head
 
     def skip_reason(self) -> str | None:
@@ -44,10 +43,10 @@ class EagleFamily(HeadMethod):
         head_ref = resolve(candidate.draft.model)
         directory = model_dir(head_ref, trust_remote_code=ctx.trust_remote_code)
         target_config = json.loads((ctx.target_meta / "config.json").read_text(encoding="utf-8"))
-        from draftfit.compat.heads import check_head, head_method
+        from draftfit.compat.heads import check_head
 
         head_config = json.loads((directory / "config.json").read_text(encoding="utf-8"))
-        if head_method(head_config) not in (self.name, *self.plain_layouts) or not self.is_head(directory):
+        if not self.is_head(head_config, directory):
             plan.skip_reason = (f"{candidate.draft.model} is not an {self.title} head ({self.not_this_head}). Point "
                                 f"`model` at an {self.title} checkpoint, or use method draft_model for a separate "
                                 "draft model")
@@ -59,9 +58,11 @@ class EagleFamily(HeadMethod):
             plan.skip_reason = f"incompatible with vLLM: {report['summary']}"
         return plan
 
-    def is_head(self, directory: Path) -> bool:
-        """Whether the checkpoint holds a head's tensors (beyond what its config says)."""
-        return True
+    def is_head(self, config: dict[str, Any], directory: Path) -> bool:
+        """Whether the checkpoint (its ``config.json`` and tensors) is this method's head."""
+        from draftfit.compat.heads import head_method
+
+        return head_method(config) == self.name
 
     def _train(self, plan: PlannedDraft, candidate, ctx):
         import shlex
@@ -124,14 +125,15 @@ class Eagle(EagleFamily):
     # draftfit.train_head can train one (method="eagle"), but the heads it trained for SmolLM2 reached
     # AL 1.005–1.009 on held-back prompts: not offered to candidate files until the recipe works
     trainable = False
-    plain_layouts = (None,)  # the original EAGLE checkpoints carry a plain Llama config
     not_this_head = "its config.json names another kind of head, or its weights have no fc over [embedding, state]"
 
-    def is_head(self, directory: Path) -> bool:
-        """A plain Llama config says nothing: the head is the one with the ``fc`` fusion."""
-        from draftfit.compat.heads import tensor_names
+    def is_head(self, config: dict[str, Any], directory: Path) -> bool:
+        """The original EAGLE checkpoints carry a plain Llama config, which says nothing: the head
+        is the one with the ``fc`` fusion."""
+        from draftfit.compat.heads import head_method, tensor_names
 
-        return any(name.removeprefix("model.") == "fc.weight" for name in tensor_names(directory))
+        return (head_method(config) in (self.name, None)
+                and any(name.removeprefix("model.") == "fc.weight" for name in tensor_names(directory)))
 
     def draft_shape(self, config, name):
         """The head's decoder layer(s) plus its ``fc`` (2·hidden → hidden) over [embedding, hidden

@@ -207,18 +207,14 @@ async def measure_group(group: Sequence[VerifyConfig], endpoints: Endpoints, pla
         say(config, r, f"{plan.requests} requests at concurrency {level}")
         runs[config.label].runs.append(await _measure_once(live, plan, level, r, f"r{r}-c{level}"))
 
-    fresh = {c.label for c in order if keeps_state(c)}  # a server of its own for every run
-    if endpoints.mode == "url":
-        for label in fresh:
-            runs[label].server_state = "carried over"
-        fresh = set()
-    for label in fresh:
-        runs[label].server_state = "fresh every run"
+    stateful = [c.label for c in order if keeps_state(c)]
+    fresh = set(stateful) if endpoints.mode != "url" else set()  # a server of its own for every run
+    for label in stateful:
+        runs[label].server_state = "fresh every run" if label in fresh else "carried over"
     if together:
         async with contextlib.AsyncExitStack() as stack:
             live: dict[str, Live] = {}
             own: dict[str, contextlib.AsyncExitStack] = {}
-            used: set[str] = set()
 
             async def bring_up(config: VerifyConfig) -> None:
                 progress(f"{config.label}: starting vLLM")
@@ -242,12 +238,11 @@ async def measure_group(group: Sequence[VerifyConfig], endpoints: Endpoints, pla
                         if config.label not in live or runs[config.label].error:
                             continue
                         try:
-                            if config.label in fresh and config.label in used:
+                            if config.label in fresh and runs[config.label].runs:
                                 await own[config.label].aclose()  # its cache holds the earlier runs' answers
                                 await bring_up(config)
                                 if config.label not in live:
                                     continue
-                            used.add(config.label)
                             await measure(live[config.label], config, r, level)
                         except Exception as exc:  # noqa: BLE001
                             _failed(runs[config.label], exc)
