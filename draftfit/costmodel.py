@@ -29,8 +29,10 @@ preparation).
 Pass times come from one of two sources behind :class:`StepTime`: the step model of a catalog GPU
 (:class:`GpuStepTime`, ``source="gpu-model:<GPU>"``, its constants from
 :mod:`draftfit.calibration` with their provenance) or a fitted profile of the machine at hand
-(:class:`MeasuredStepTime`, ``source="measured-profile"``). Everything computed here is a
-prediction and says so (``kind="predicted"``).
+(:class:`MeasuredStepTime`, ``source="measured-profile"``), which the served engine's timed steps
+correct (:class:`OffsetStepTime`, :class:`ScaledDraftCost`, and the per-step and per-sequence
+overheads of ``predict_costs``; draftfit.spec_timing). Everything computed here is a prediction and
+says so (``kind="predicted"``).
 """
 
 from __future__ import annotations
@@ -201,13 +203,25 @@ class MeasuredStepTime:
         return {"source": self.source, "profile": self.profile.to_dict()}
 
 
+def per_seq_extra(slope_s: float, seqs: Any, timed_batch: float = np.inf) -> np.ndarray:
+    """What ``seqs`` sequences in flight add to a served step beyond the first, at ``slope_s`` each,
+    as timed up to ``timed_batch`` (draftfit.spec_timing). Beyond it a positive slope goes on (work
+    per sequence), a negative one stops: it says the profile grows too fast up to the timed batch,
+    not that a step gets cheaper with every sequence added."""
+    n = np.maximum(np.asarray(seqs, float) - 1.0, 0.0)
+    return slope_s * (n if slope_s >= 0 else np.minimum(n, max(timed_batch - 1.0, 0.0)))
+
+
 @dataclass(frozen=True)
 class OffsetStepTime:
-    """``step`` with ``offset_s`` added to every pass: a profile timed in-process, corrected to the
-    served engine's timed step (draftfit.spec_timing.ServedCorrection)."""
+    """``step`` with ``offset_s`` added to every pass, and ``per_seq_s`` for each sequence in it
+    beyond the first: a profile timed in-process, corrected to the served engine's timed steps
+    (draftfit.spec_timing.ServedCorrection)."""
 
     step: StepTime
     offset_s: float
+    per_seq_s: float = 0.0
+    timed_batch: float = np.inf
 
     @property
     def source(self) -> str:
@@ -218,10 +232,12 @@ class OffsetStepTime:
         return float(getattr(self.step, "spec_step_s", 0.0))
 
     def step_time(self, batched_tokens: Any, kv_tokens: Any, seqs: Any = None) -> np.ndarray:
-        return np.asarray(self.step.step_time(batched_tokens, kv_tokens, seqs), float) + self.offset_s
+        extra = 0.0 if seqs is None else per_seq_extra(self.per_seq_s, seqs, self.timed_batch)
+        return np.asarray(self.step.step_time(batched_tokens, kv_tokens, seqs), float) + self.offset_s + extra
 
     def to_dict(self) -> dict[str, Any]:
-        return {**self.step.to_dict(), "source": self.source, "served_offset_s": self.offset_s}
+        return {**self.step.to_dict(), "source": self.source, "served_offset_s": self.offset_s,
+                "served_per_seq_s": self.per_seq_s, "served_timed_batch": float(self.timed_batch) if np.isfinite(self.timed_batch) else None}
 
 
 @dataclass(frozen=True)
@@ -437,6 +453,7 @@ class CostPrediction:
     i_base: np.ndarray | None = None  # [B] prefill interference per output token, baseline
     i_spec: np.ndarray | None = None  # [k, B] the same with speculation (target + draft prefill)
     step_overhead_s: float = 0.0  # added to every step of the speculative engine
+    step_overhead_per_seq_s: float = 0.0  # and for each sequence in it beyond the first
 
     def _interference(self) -> tuple[np.ndarray, np.ndarray]:
         zero = np.zeros(self.concurrency.shape)
@@ -510,6 +527,7 @@ class CostPrediction:
             "context_len": self.context_len,
             "spec_overhead_s": self.spec_overhead_s,
             "step_overhead_s": self.step_overhead_s,
+            "step_overhead_per_seq_s": self.step_overhead_per_seq_s,
             "prompt_len": self.prompt_len,
             "output_len": self.output_len,
             "interference_base_s": arr(self._interference()[0]),
@@ -569,6 +587,8 @@ def predict_costs(
     al_high: Sequence[float] | None = None,
     spec_overhead_s: float | None = None,
     step_overhead_s: float = 0.0,
+    step_overhead_per_seq_s: float = 0.0,
+    per_seq_timed_batch: float = np.inf,
     draft_fraction: Sequence[float] | None = None,
     target_model: dict[str, Any] | None = None,
     draft_model: dict[str, Any] | None = None,
@@ -638,7 +658,7 @@ def predict_costs(
         )
         t_draft = np.asarray(draft.draft_time(k_arr, b, context_len), float)
         t_spec = (frac[:, None] * (t_draft + t_verify + spec_overhead_s) + (1.0 - frac[:, None]) * t_base[None, :]
-                  + step_overhead_s)
+                  + step_overhead_s + per_seq_extra(step_overhead_per_seq_s, b, per_seq_timed_batch)[None, :])
         return t_base, t_draft, t_verify, t_spec
 
     def interference(batch: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -691,6 +711,7 @@ def predict_costs(
         i_base=i_base,
         i_spec=i_spec,
         step_overhead_s=float(step_overhead_s),
+        step_overhead_per_seq_s=float(step_overhead_per_seq_s),
     )
 
 

@@ -573,9 +573,15 @@ def profile_plan(
 
 @dataclass(frozen=True)
 class StepProfile:
-    """Fitted step time ``T = a + b·batched_tokens + c·kv_tokens`` (seconds; a, b, c ≥ 0).
+    """Fitted step time ``T = a + b·max(batched_tokens, knee) + c·kv_tokens`` (seconds; a, b, c,
+    knee ≥ 0).
 
-    ``origin`` says what was timed (model, machine, engine); fit statistics come with it.
+    ``knee``: the tokens a pass computes for the price of its weights. Below it a pass is bound by
+    reading every weight once, so a step of 1 token costs what one of ``knee`` tokens does (SmolLM2
+    in bfloat16 on a 2-core EPYC: decode at batch 1 and 4 timed alike within the noise, a prefill
+    ~1.4 ms per token);
+    0 where the timings show no such floor (the model is then linear). ``origin`` says what was
+    timed (model, machine, engine); fit statistics come with it.
     """
 
     a: float
@@ -587,11 +593,12 @@ class StepProfile:
     n_samples: int = 0
     origin: str = ""
     kind: str = "measured"
+    knee: float = 0.0
 
     def predict(self, batched_tokens: Any, kv_tokens: Any) -> np.ndarray:
         return (
             self.a
-            + self.b * np.asarray(batched_tokens, float)
+            + self.b * np.maximum(np.asarray(batched_tokens, float), self.knee)
             + self.c * np.asarray(kv_tokens, float)
         )
 
@@ -628,6 +635,14 @@ def _nnls_small(x: np.ndarray, y: np.ndarray) -> np.ndarray:
     return best / scale
 
 
+# candidate knees between the fewest and the most tokens timed, log-spaced
+KNEE_GRID_POINTS = 200
+
+
+def _aic(sse: float, n: int, params: int) -> float:
+    return n * math.log(max(sse, 1e-300) / n) + 2 * params
+
+
 def fit_step_profile(
     batched_tokens: Iterable[float],
     kv_tokens: Iterable[float],
@@ -635,7 +650,12 @@ def fit_step_profile(
     *,
     origin: str = "",
 ) -> StepProfile:
-    """Fit ``T = a + b·batched_tokens + c·kv_tokens`` with a, b, c ≥ 0 to timed engine steps."""
+    """Fit ``T = a + b·max(batched_tokens, knee) + c·kv_tokens`` with a, b, c ≥ 0 to timed steps.
+
+    For each knee of a grid over the tokens timed the rest is a non-negative least-squares fit; the
+    knee is kept only where it explains the timings better than the linear model by Akaike's
+    criterion (one parameter more), else the profile is linear (knee 0).
+    """
     bt = np.asarray(list(batched_tokens), float)
     kv = np.asarray(list(kv_tokens), float)
     t = np.asarray(list(seconds), float)
@@ -649,15 +669,28 @@ def fit_step_profile(
             f"need at least 4 finite timed steps with positive durations, got {bt.size}",
             fix="Time the points of draftfit.hardware.profile_plan()",
         )
-    x = np.column_stack([np.ones_like(bt), bt, kv])
-    if np.linalg.matrix_rank(x) < 3:
+    if np.linalg.matrix_rank(np.column_stack([np.ones_like(bt), bt, kv])) < 3:
         raise DraftfitError(
             "timed steps do not vary batched tokens and KV tokens independently, so the step-time "
             "coefficients cannot be told apart",
             fix="Time several batch sizes at two or more context lengths (profile_plan() does)",
         )
-    a, b, c = _nnls_small(x, t)
-    pred = a + b * bt + c * kv
+
+    def fit(knee: float) -> tuple[np.ndarray, float]:
+        x = np.column_stack([np.ones_like(bt), np.maximum(bt, knee), kv])
+        coef = _nnls_small(x, t)
+        return coef, float(np.sum((t - x @ coef) ** 2))
+
+    (a, b, c), sse = fit(0.0)
+    knee = 0.0
+    low, high = float(bt.min()), float(bt.max())
+    if high > low and bt.size > 4:
+        grid = np.geomspace(max(low, 1e-9), high, KNEE_GRID_POINTS)[1:-1]
+        fits = [(fit(float(x)), float(x)) for x in grid]
+        ((coef, knee_sse), at) = min(fits, key=lambda f: f[0][1])
+        if _aic(knee_sse, bt.size, 4) < _aic(sse, bt.size, 3) and coef[1] > 0:
+            (a, b, c), sse, knee = coef, knee_sse, at
+    pred = a + b * np.maximum(bt, knee) + c * kv
     resid = t - pred
     ss_tot = float(np.sum((t - t.mean()) ** 2))
     r2 = 1.0 - float(np.sum(resid**2)) / ss_tot if ss_tot > 0 else float("nan")
@@ -671,6 +704,7 @@ def fit_step_profile(
         n_samples=int(t.size),
         origin=origin,
         kind="measured",
+        knee=float(knee),
     )
 
 

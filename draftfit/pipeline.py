@@ -36,11 +36,13 @@ log = logging.getLogger(__name__)
 Progress = Callable[[str], None]
 
 # Engine steps timed for a measured latency profile (draftfit.profiling): batch sizes × context
-# lengths of decode steps, plus verification of k+1 tokens at the smallest and largest batch. The
-# batch sizes are capped and completed by the study's largest concurrency (profile_batch_sizes).
+# lengths of decode steps, verification of k+1 tokens at the smallest and largest batch, and one
+# prompt-sized prefill. The batch sizes are capped and completed by the study's largest concurrency (profile_batch_sizes).
 PROFILE_PLANS = {
-    "standard": {"batch_sizes": (1, 8, 32), "context_lens": (128, 384), "repeats": 2, "verify_points": 3, "spec_timing": True},
-    "quick": {"batch_sizes": (1, 4), "context_lens": (128, 256), "repeats": 1, "verify_points": 2, "spec_timing": True},
+    "standard": {"batch_sizes": (1, 8, 32), "context_lens": (128, 384), "repeats": 2, "verify_points": 3, "prefill": True,
+                 "spec_timing": True},
+    "quick": {"batch_sizes": (1, 4), "context_lens": (128, 256), "repeats": 1, "verify_points": 2, "prefill": True,
+              "spec_timing": True},
 }
 
 
@@ -126,51 +128,54 @@ def measured_profile(session: EngineSession, engine_fields: dict, plan: dict, vo
 
 def _timed_steps(target_ref: ModelRef, speculative: dict | None, k: int, study: StudySettings, engine_config,
                  engine_fields: dict, prompts: list[list[int]], progress: Progress, label: str, *,
-                 trust_remote_code: bool = False):
-    """Decode steps at concurrency 1 in the served layout (draftfit.spec_timing) of the target
-    with ``speculative`` (``None``: no speculation, its engine core in a process of its own):
-    from the cache, else timed."""
+                 trust_remote_code: bool = False) -> list:
+    """Decode steps in the served layout (draftfit.spec_timing) of the target with ``speculative``
+    (``None``: no speculation, its engine core in a process of its own), alone and in a batch
+    (timing_batches), on one engine: from the cache, else timed."""
     import hashlib
     import os
     import platform
 
     from draftfit.engines.vllm_engine import VLLMEngine, config_options
     from draftfit.refs import model_dir
-    from draftfit.spec_timing import SpecStepTiming, time_spec_steps
+    from draftfit.spec_timing import SpecStepTiming, time_spec_steps, timing_batches
 
     tokens = _spec_tokens(study, prompts)
+    batches = timing_batches(study.concurrency)
+    # all batches in one entry: timed on one engine in one sitting, as the correction compares them
     raw = json.dumps({"target": fingerprint(target_ref), "spec": speculative, **engine_fields, "prompts": prompts,
-                      "tokens": tokens, "machine": platform.node(), "cpus": os.cpu_count()}, sort_keys=True, default=str)
+                      "tokens": tokens, "batches": batches, "machine": platform.node(), "cpus": os.cpu_count()},
+                     sort_keys=True, default=str)
     path = cache_subdir("spec_steps") / f"{hashlib.sha256(raw.encode()).hexdigest()[:20]}.json"
     data = read_checked_json(path, what="speculative-step cache entry")
-    if isinstance(data, dict) and data.get("kind") == "measured":
-        timing = SpecStepTiming.from_dict(data)
+    if isinstance(data, dict) and data.get("kind") == "measured" and isinstance(data.get("timings"), list):
+        timings = [SpecStepTiming.from_dict(t) for t in data["timings"]]
     else:
         progress(f"timing {label}")
         options = {"speculative_config": speculative} if speculative is not None else {"served_layout": True}
         engine = VLLMEngine(model_dir(target_ref, trust_remote_code=trust_remote_code), progress=False,
                             **options, **config_options(engine_config))
         with engine:
-            timing = time_spec_steps(engine.llm, engine.spec_counters if speculative is not None else None, prompts, k,
-                                     tokens=tokens)
-        write_checked_json(path, timing.to_dict())
+            timings = [time_spec_steps(engine.llm, engine.spec_counters if speculative is not None else None, prompts, k,
+                                       tokens=tokens, batch=batch) for batch in batches]
+        write_checked_json(path, {"kind": "measured", "timings": [t.to_dict() for t in timings]})
     fault_point("spec_steps")
-    return timing
+    return timings
 
 
 def spec_step_timings(plan: PlannedDraft, target_ref: ModelRef, study: StudySettings, engine_config, engine_fields: dict,
                       prompts: list[list[int]], progress: Progress, *, trust_remote_code: bool = False) -> list:
-    """Real speculative steps of the candidate at concurrency 1 (draftfit.spec_timing), at its
-    largest k: from the cache, else timed."""
+    """Real speculative steps of the candidate at its largest k, alone and in a batch
+    (draftfit.spec_timing): from the cache, else timed."""
     from draftfit.spec_timing import spec_timing_ks
     from draftfit.verify.selection import speculative_config
 
     out = []
     for k in spec_timing_ks(plan.candidate.k):
         config = speculative_config(plan.candidate, k, target_ref, study, trust_remote_code=trust_remote_code)
-        out.append(_timed_steps(target_ref, config.speculative_config, k, study, engine_config, engine_fields, prompts,
-                                progress, f"{plan.candidate.name}'s speculative steps at k={k}",
-                                trust_remote_code=trust_remote_code))
+        out += _timed_steps(target_ref, config.speculative_config, k, study, engine_config, engine_fields, prompts,
+                            progress, f"{plan.candidate.name}'s speculative steps at k={k}",
+                            trust_remote_code=trust_remote_code)
     return out
 
 
@@ -185,9 +190,9 @@ def _spec_tokens(study: StudySettings, prompts: list[list[int]]) -> tuple[int, i
 
 
 def served_baseline_timing(target_ref: ModelRef, study: StudySettings, engine_config, engine_fields: dict,
-                           prompts: list[list[int]], progress: Progress, *, trust_remote_code: bool = False):
-    """The target's decode step at concurrency 1 in the served layout (its engine core in a process
-    of its own, no speculation): from the cache, else timed."""
+                           prompts: list[list[int]], progress: Progress, *, trust_remote_code: bool = False) -> list:
+    """The target's decode steps in the served layout (its engine core in a process of its own, no
+    speculation), alone and in a batch: from the cache, else timed."""
     return _timed_steps(target_ref, None, 0, study, engine_config, engine_fields, prompts, progress,
                         "the target's served decode steps", trust_remote_code=trust_remote_code)
 
@@ -214,7 +219,7 @@ class RankRun:
     timings: dict[str, float] = field(default_factory=dict)
     step_model: dict | None = None  # the GPU step model's constants and their sources (roofline source)
     spec_steps: dict = field(default_factory=dict)  # candidate → timed speculative steps (measured source)
-    served_base: Any = None  # the target's timed served decode step (measured source)
+    served_base: list = field(default_factory=list)  # the target's timed served decode steps, by batch (measured source)
     corrections: dict = field(default_factory=dict)  # candidate → ServedCorrection applied
     show_prompts: bool = False  # prompt text in warnings and progress lines (off: row numbers only)
     trust_remote_code: bool = False  # let model repositories run their own code
@@ -393,10 +398,11 @@ class RankRun:
             | ({"step_model": self.step_model} if self.step_model else {})
             | ({"served_timing": {
                 "kind": "measured",
-                "baseline": self.served_base.to_dict() if self.served_base is not None else None,
+                "baseline": self.served_base[0].to_dict() if self.served_base else None,
+                "baseline_batched": [t.to_dict() for t in self.served_base[1:]],
                 "speculative": {name: [t.to_dict() for t in ts] for name, ts in self.spec_steps.items()},
                 "corrections": {name: c.to_dict() for name, c in self.corrections.items()},
-            }} if self.spec_steps or self.served_base is not None else {}),
+            }} if self.spec_steps or self.served_base else {}),
             study=study.model_dump(mode="json"),
             candidates=[p.candidate.model_dump(mode="json") for p in plans],
             checks=[{"candidate": p.candidate.name, **p.check} for p in plans if p.check],
@@ -438,34 +444,35 @@ class RankRun:
 
     def _served(self, candidate, method, target_step, draft_cost, context_len):
         """The candidate's cost terms corrected by the timed served steps (draftfit.spec_timing):
-        (target step, proposer cost, per-step overhead); unchanged when nothing was timed."""
+        (target step, proposer cost, the candidate's ServedCorrection or None); unchanged when nothing
+        was timed."""
         from draftfit.costmodel import (
             OffsetStepTime,
             ScaledDraftCost,
             ScaledStepTime,
             predict_costs,
         )
-        from draftfit.spec_timing import ASSUMED_SCALE_RANGE, DRAFT_SCALE_RANGE, served_correction
+        from draftfit.spec_timing import ASSUMED_SCALE_RANGE, DRAFT_SCALE_RANGE, base_offsets, served_correction
 
         timings = self.spec_steps.get(candidate.name)
-        if not timings and self.served_base is None:
-            return target_step, draft_cost, 0.0
-        if not timings:
-            offset = self.served_base.seconds_per_step - float(target_step.step_time(1, context_len, 1))
-            return OffsetStepTime(target_step, offset), draft_cost, 0.0
+        if not timings and not self.served_base:
+            return target_step, draft_cost, None
 
-        def parts(k: int) -> tuple[float, float, float]:
-            bare = predict_costs(target_step, draft_cost, [max(k, 1)], [1.0], concurrency=[1], context_len=context_len,
+        def parts(k: int, batch: int = 1) -> tuple[float, float, float]:
+            bare = predict_costs(target_step, draft_cost, [max(k, 1)], [1.0], concurrency=[batch], context_len=context_len,
                                  spec_overhead_s=0.0)
             return float(bare.t_base[0]), float(bare.t_verify[0, 0]), float(bare.t_draft[0, 0])
 
+        if not timings:
+            offset, per_seq = base_offsets(self.served_base, parts)
+            return OffsetStepTime(target_step, offset, per_seq, self.served_base[-1].batch), draft_cost, None
         assumed = isinstance(getattr(draft_cost, "step", None), ScaledStepTime)
-        correction = served_correction(self.served_base, timings[-1], parts, model_free=method.model_free,
+        correction = served_correction(self.served_base, timings, parts, model_free=method.model_free,
                                        scale_range=ASSUMED_SCALE_RANGE if assumed else DRAFT_SCALE_RANGE)
         self.corrections[candidate.name] = correction
-        target = OffsetStepTime(target_step, correction.base_offset_s)
+        target = OffsetStepTime(target_step, correction.base_offset_s, correction.base_per_seq_s, correction.timed_batch)
         draft = draft_cost if correction.draft_scale == 1.0 else ScaledDraftCost(draft_cost, correction.draft_scale)
-        return target, draft, correction.step_overhead_s
+        return target, draft, correction
 
     def _score(self, trajset, draft_ref: ModelRef, engine_config, session: EngineSession):
         from draftfit.draft_scoring import score_draft
@@ -568,10 +575,12 @@ class RankRun:
             per_step, fraction = decode_steps(point, out_lens)
             scale = per_step / np.where(al > 0, al, 1.0)
             kmax = np.array(ks) + 1.0
-            served_target, draft_cost, step_overhead = self._served(c, method, target_step, draft_cost, context_len)
+            served_target, draft_cost, correction = self._served(c, method, target_step, draft_cost, context_len)
             prediction = predict_costs(
                 served_target, draft_cost, ks, np.clip(per_step, 1.0, kmax), concurrency=study.concurrency,
-                step_overhead_s=step_overhead,
+                step_overhead_s=correction.step_overhead_s if correction else 0.0,
+                step_overhead_per_seq_s=correction.overhead_per_seq_s if correction else 0.0,
+                per_seq_timed_batch=correction.timed_batch if correction else np.inf,
                 context_len=context_len, al_low=np.clip(al_low * scale, 1.0, kmax), al_high=np.clip(al_high * scale, 1.0, kmax),
                 draft_fraction=fraction, prompt_len=float(np.mean(prompt_lens)), output_len=float(np.mean(out_lens)),
             )
@@ -635,7 +644,8 @@ class RankRun:
                         for j, level in enumerate(prediction.concurrency)
                     ],
                     "cost": {"draft": draft_cost.to_dict(), "target": served_target.to_dict(), "context_len": context_len,
-                             "step_overhead_s": step_overhead},
+                             "step_overhead_s": prediction.step_overhead_s,
+                             "step_overhead_per_seq_s": prediction.step_overhead_per_seq_s},
                 }))
         return configs, rows
 

@@ -10,7 +10,11 @@ Two kinds of timing, both on a live vLLM ``LLM``:
 * **verification steps** (``m = k+1`` new tokens per sequence, the shape of a speculative step):
   prompts of ``L`` cached tokens plus ``m`` new ones generate one token, so the engine runs one step
   over ``B·m`` tokens. The fixed cost of such a one-step call is measured by the same call with
-  ``m = 1`` and taken off: ``verify(B, L, m) = call(B, L, m) − (call(B, L, 1) − decode(B, L))``.
+  ``m = 1`` and taken off: ``verify(B, L, m) = call(B, L, m) − (call(B, L, 1) − decode(B, L))``;
+* **a prefill** of one uncached prompt as long as the longest context timed, the same way at
+  ``B = 1``: what a request arriving mid-run adds to the step it joins (the cost model's prefill
+  interference). Verification steps span tens of tokens; without a prompt-sized step the per-token
+  cost of a prefill would be extrapolated from them.
 
 Context lengths are rounded to whole KV blocks so the prefix cache holds exactly the ``L`` tokens;
 the batches of one context share their prefixes, so each context is prefilled once.
@@ -37,7 +41,7 @@ from draftfit.hardware import StepProfile, fit_step_profile
 
 @dataclass(frozen=True)
 class TimedStep:
-    kind: str  # "decode" | "verify"
+    kind: str  # "decode" | "verify" | "prefill"
     batch_size: int
     tokens_per_seq: int
     context_len: float
@@ -97,6 +101,7 @@ def measure_step_profile(
     verify_batch_sizes: Sequence[int] | None = None,
     decode_tokens: tuple[int, int] = (4, 20),
     repeats: int = 3,
+    prefill: bool = True,
     seed: int = 0,
     origin: str = "",
     progress: Callable[[str], None] | None = None,
@@ -131,6 +136,7 @@ def measure_step_profile(
         return statistics.median(run(make_prompts(), max_tokens) for _ in range(repeats))
 
     steps: list[TimedStep] = []
+    call_overheads: dict[int, float] = {}  # batch size → fixed cost of a one-step call
     m1, m2 = decode_tokens
     for context in contexts:
         # one pool of prefixes per context, largest batch first: the smaller batches take its first
@@ -151,12 +157,19 @@ def measure_step_profile(
             if batch_size not in verify_batches or context != contexts[0]:
                 continue
             one_step = median_run(lambda p=prefixes: [x + tokens(1) for x in p], 1)
-            call_overhead = max(one_step - decode, 0.0)
+            call_overhead = call_overheads[batch_size] = max(one_step - decode, 0.0)
             for k in verify_ks:
                 if progress:
                     progress(f"verify B={batch_size} L={context} k={k}")
                 call = median_run(lambda p=prefixes, k=k: [x + tokens(k + 1) for x in p], 1)
                 steps.append(TimedStep("verify", batch_size, k + 1, context, max(call - call_overhead, 1e-6)))
+    if prefill and 1 in call_overheads:
+        length = contexts[-1]
+        if progress:
+            progress(f"prefill of {length} tokens")
+        call = median_run(lambda: [tokens(length)], 1)  # new tokens every run: nothing cached
+        # its KV: the prompt's own tokens, as the interference adds a prompt (draftfit.costmodel)
+        steps.append(TimedStep("prefill", 1, length, length, max(call - call_overheads[1], 1e-6)))
     profile = fit_step_profile(
         [s.batched_tokens for s in steps],
         [s.kv_tokens for s in steps],

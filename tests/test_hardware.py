@@ -319,3 +319,29 @@ def test_multi_head_latent_attention_caches_one_latent_per_token():
     attention = 2560 * 768 + 768 + 768 * 40 * 96 + 2560 * 288 + 256 + 256 * 40 * 128 + 40 * 64 * 2560
     mlp = 3 * 2560 * 6400
     assert shape.params == 73448 * 2560 + 2560 + 62 * (attention + mlp + 2 * 2560)
+
+
+def test_fit_finds_the_tokens_a_pass_computes_for_the_price_of_its_weights():
+    """Below the knee a pass costs what reading its weights costs (batch 1 and batch 4 decode alike,
+    as timed on a 2-core CPU); above it every token costs b. The linear model cannot bend there:
+    it would put decode at batch 1 far under its timing."""
+    a, b, c, knee = 0.004, 1.4e-3, 2e-6, 8.0
+    bt = np.array([1, 4, 16, 1, 4, 16, 2, 5, 8, 20, 256], float)
+    kv = np.array([128, 512, 2048, 384, 1536, 6144, 128, 128, 512, 512, 256], float)
+    noise = np.random.default_rng(1).uniform(-0.02, 0.02, bt.size)
+    t = (a + b * np.maximum(bt, knee) + c * kv) * (1 + noise)
+    prof = fit_step_profile(bt, kv, t)
+    assert prof.knee == pytest.approx(knee, rel=0.2)
+    assert prof.b == pytest.approx(b, rel=0.05)
+    assert prof.predict([1], [128])[0] == pytest.approx(a + b * knee + c * 128, rel=0.05)
+    line = np.linalg.lstsq(np.column_stack([np.ones_like(bt), bt, kv]), t, rcond=None)[0]
+    assert abs(line @ [1, 1, 128] - t[0]) > 3 * abs(prof.predict([1], [128])[0] - t[0])
+
+
+def test_fit_of_linear_timings_has_no_knee():
+    """Timings a straight line explains (±1%) keep the linear model: a knee must earn its parameter."""
+    plan = profile_plan(batch_sizes=(1, 2, 4, 8, 16, 32, 64), context_lens=(256, 2048, 8192), max_k=5)
+    bt = np.array([p.batched_tokens for p in plan], float)
+    kv = np.array([p.kv_tokens for p in plan], float)
+    t = (5.9e-3 + 2.1e-5 * bt + 3.9e-8 * kv) * (1 + np.random.default_rng(0).uniform(-0.01, 0.01, bt.size))
+    assert fit_step_profile(bt, kv, t).knee == 0.0

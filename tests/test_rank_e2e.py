@@ -6,6 +6,7 @@ import json
 import os
 from pathlib import Path
 
+import numpy as np
 import pytest
 from click.testing import CliRunner
 from engine_fixtures import RANKED_STUDY_OPTIONS
@@ -54,15 +55,19 @@ def test_greedy_predictions_are_exact_through_the_last_step(measured_run):
 @pytest.mark.slow
 @pytest.mark.engine
 def test_the_measured_path_times_the_served_steps(measured_run):
-    """The served baseline and every candidate's speculative step at its largest k are timed, and the
-    correction they give is recorded and used (draftfit.spec_timing)."""
+    """The served baseline and every candidate's speculative step at its largest k are timed, alone
+    and four at once (the study predicts up to 16 in flight), and the correction they give is
+    recorded and used (draftfit.spec_timing)."""
     _, data, _ = measured_run
     served = data["provenance"]["served_timing"]
     assert served["kind"] == "measured" and served["baseline"]["seconds_per_step"] > 0
+    assert [t["batch"] for t in served["baseline_batched"]] == [4]
     assert set(served["speculative"]) == set(served["corrections"]) == {"ngram-2-4", "self-draft", "early-exit-4"}
     for name, timings in served["speculative"].items():
-        assert [t["k"] for t in timings] == [3] and timings[0]["steps"] > 0, name
+        assert [(t["k"], t["batch"]) for t in timings] == [(3, 1), (3, 4)] and timings[0]["steps"] > 0, name
         correction = served["corrections"][name]
+        assert correction["timed_batch"] == 4
+        assert np.isfinite([correction["overhead_per_seq_s"], correction["base_per_seq_s"]]).all(), correction
         assert correction["base_offset_s"] == pytest.approx(served["baseline"]["seconds_per_step"]
                                                            - data["targets"][0]["profile"]["profile"]["a"], abs=0.05)
     assert served["corrections"]["ngram-2-4"]["draft_scale"] == 1.0  # no proposer passes to scale
@@ -92,20 +97,28 @@ def test_results_name_models_as_the_user_deploys_them(measured_run):
 def test_self_draft_is_always_accepted_yet_never_faster(measured_run):
     """Every proposal is accepted, yet each costs a target pass. With requests in flight the
     verification of B·(k+1) tokens is no longer free and the self-draft is slower. At concurrency 1
-    it is break-even on a small CPU model: a proposal skips the step's fixed costs (scheduling,
-    sampling, streaming), a large share of a 135M model's step. `draftfit verify` of this study's
-    self-draft k=3 on a 2-core EPYC measured 0.96× [0.88, 1.03] over 3 rounds, where rank
-    predicted 1.02×; so there the prediction may not claim a gain beyond the spread of the run's own
-    timing of the real self-draft step, which cannot tell a smaller gain from none."""
+    a proposal skips the step's fixed costs (scheduling, sampling, streaming), a large share of a
+    135M model's step on a CPU, so whether the self-draft gains there is a timing, not a law: rank
+    times the real self-draft step, and at the timed k the prediction is that timing's ratio to the
+    served baseline's (two CI runs of this study predicted 1.11× and 0.68× from their timings).
+    What the cost model itself must do: price every proposal, so a longer chain costs more."""
     _, data, _ = measured_run
-    [timed] = data["provenance"]["served_timing"]["speculative"]["self-draft"]
+    served = data["provenance"]["served_timing"]
+    timed = next(t for t in served["speculative"]["self-draft"] if t["batch"] == 1)
     for config in (c for c in data["configs"] if c["candidate"] == "self-draft"):
         k = config["k"]
         # greedy: the target's own prefill agrees with its greedy answer up to numeric ties
         assert config["al_predicted"] >= 0.95 * (k + 1)
         levels = {level["concurrency"]: level["speedup_predicted"] for level in config["per_concurrency"]}
         assert all(speedup < 1.0 for c, speedup in levels.items() if c > 1), levels
-        assert levels[1] < 1.0 + timed["spread"], (levels, timed)
+        if k == timed["k"]:
+            # tokens per decode step, not AL: a response's last step may stop short at max_tokens
+            ratio = config["tokens_per_step_predicted"] * served["baseline"]["seconds_per_step"] / timed["seconds_per_step"]
+            assert levels[1] == pytest.approx(ratio, rel=0.01), (levels, timed)
+    # the speculative step at concurrency 1 (no prefill stalls there): ITL × tokens per step
+    steps = [c["per_concurrency"][0]["itl_spec_ms_predicted"] * c["tokens_per_step_predicted"]
+             for c in sorted((c for c in data["configs"] if c["candidate"] == "self-draft"), key=lambda c: c["k"])]
+    assert all(later > earlier > 0 for earlier, later in zip(steps, steps[1:])), steps
 
 
 @pytest.mark.slow

@@ -6,16 +6,17 @@ import numpy as np
 import pytest
 
 from draftfit.metrics import SpecCounts
-from draftfit.spec_timing import SpecStepTiming, served_correction, spec_timing_ks, time_spec_steps
+from draftfit.spec_timing import SpecStepTiming, base_offsets, served_correction, spec_timing_ks, time_spec_steps
 
 
 class FakeSpecLLM:
-    """A speculative engine whose decode step takes ``step`` seconds (a clock it advances) and
-    accepts ``accept`` drafts per drafted step, drafting on a share ``drafted`` of its steps; a
-    request also pays ``fixed`` seconds (prefill, admission), which the differencing must cancel."""
+    """A speculative engine whose decode step takes ``step`` seconds (a clock it advances), plus
+    ``per_seq`` for each sequence in it beyond the first, and accepts ``accept`` drafts per drafted
+    step, drafting on a share ``drafted`` of its steps; a request also pays ``fixed`` seconds
+    (prefill, admission), which the differencing must cancel."""
 
-    def __init__(self, step: float, accept: int, drafted: float, fixed: float = 0.5):
-        self.step, self.accept, self.drafted, self.fixed = step, accept, drafted, fixed
+    def __init__(self, step: float, accept: int, drafted: float, fixed: float = 0.5, per_seq: float = 0.0):
+        self.step, self.accept, self.drafted, self.fixed, self.per_seq = step, accept, drafted, fixed, per_seq
         self.clock = 0.0
         self.counts = SpecCounts.zeros(4)
 
@@ -32,8 +33,9 @@ class FakeSpecLLM:
                 tokens -= take + 1
             else:
                 tokens -= 1
-        self.clock += self.fixed + steps * self.step
-        self.counts = self.counts + SpecCounts(drafts, drafts * 4, accepted, np.zeros(4))
+        n = len(prompts)  # every sequence drafts and accepts alike
+        self.clock += self.fixed + steps * (self.step + self.per_seq * (n - 1))
+        self.counts = self.counts + SpecCounts(n * drafts, n * drafts * 4, n * accepted, np.zeros(4))
         return []
 
     def counters(self):
@@ -71,7 +73,7 @@ def test_the_served_correction_by_hand():
     offset −4 ms. A model draft timed 60 ms with every step drafted: 47 − 4 + s·20 = 60 → s = 0.85.
     A model-free proposer timed 42 ms with a third of the steps drafted (no proposer passes):
     ⅓·(47 − 4) + ⅔·(45 − 4) = 41.67 → 0.33 ms of lookup per step."""
-    def parts(k):
+    def parts(k, batch=1):
         return 0.045, 0.047, 0.020 if k else 0.0
 
     base = SpecStepTiming(0, 0.041, 0.0, 100, 3, 0.1)
@@ -100,8 +102,8 @@ def test_the_corrected_cost_model_reproduces_the_timed_steps():
     target = MeasuredStepTime(StepProfile(a=0.044, b=4e-4, c=1.5e-6))
     draft = ModelDraftCost(MeasuredStepTime(StepProfile(a=0.008, b=1e-4, c=1e-6)))
 
-    def parts(k):
-        p = predict_costs(target, draft, [max(k, 1)], [1.0], concurrency=[1], context_len=400, spec_overhead_s=0.0)
+    def parts(k, batch=1):
+        p = predict_costs(target, draft, [max(k, 1)], [1.0], concurrency=[batch], context_len=400, spec_overhead_s=0.0)
         return float(p.t_base[0]), float(p.t_verify[0, 0]), float(p.t_draft[0, 0])
 
     base = SpecStepTiming(0, 0.041, 0.0, 100, 3, 0.1)
@@ -111,6 +113,87 @@ def test_the_corrected_cost_model_reproduces_the_timed_steps():
                       concurrency=[1], context_len=400, spec_overhead_s=0.0, step_overhead_s=c.step_overhead_s)
     assert float(p.t_spec[0, 0]) == pytest.approx(0.085)
     assert float(p.t_base[0]) == pytest.approx(0.041)
+
+
+def test_a_batch_is_timed_per_step_of_all_its_sequences(clock):
+    llm = FakeSpecLLM(step=0.02, accept=1, drafted=1.0, per_seq=0.004)
+    clock["llm"] = llm
+    timing = time_spec_steps(llm, llm.counters, [[1, 2, 3], [4, 5], [6]], k=2, tokens=(8, 40), batch=4)
+    assert timing.batch == 4 and timing.seconds_per_step == pytest.approx(0.02 + 3 * 0.004)
+    assert timing.drafted_fraction == pytest.approx(1.0)
+
+
+@pytest.mark.parametrize("model_free", [False, True], ids=["draft-model", "model-free"])
+def test_the_batched_timings_give_what_each_sequence_adds(model_free):
+    """Served steps timed alone and at batch 4, plain and speculative, where the served engine pays
+    3 ms per further sequence on every step and the speculative one 5 ms more (what the profile's
+    passes do not hold): the corrected cost model gives back all four timed steps, and at batch 16
+    the per-sequence terms extrapolate linearly."""
+    from draftfit.costmodel import (
+        MeasuredStepTime,
+        ModelDraftCost,
+        ModelFreeDraftCost,
+        OffsetStepTime,
+        ScaledDraftCost,
+        predict_costs,
+    )
+    from draftfit.hardware import StepProfile
+
+    target = MeasuredStepTime(StepProfile(a=0.030, b=1.5e-3, c=1e-6, knee=12))
+    draft = ModelFreeDraftCost(cpu_seconds_per_seq=0.0) if model_free else ModelDraftCost(
+        MeasuredStepTime(StepProfile(a=0.006, b=2e-4, c=1e-7)))
+
+    def predicted(batch, k, offset, base_seq, scale, overhead, spec_seq):
+        served = OffsetStepTime(target, offset, base_seq)
+        cost = draft if scale == 1.0 else ScaledDraftCost(draft, scale)
+        return predict_costs(served, cost, [k], [1.0], concurrency=[batch], context_len=300, spec_overhead_s=0.0,
+                             step_overhead_s=overhead, step_overhead_per_seq_s=spec_seq, draft_fraction=[0.6])
+
+    truth = {"offset": 0.004, "base_seq": 0.003, "scale": 1.0 if model_free else 0.7,
+             "overhead": 0.002 if model_free else 0.0, "spec_seq": 0.005}
+    timed = {b: predicted(b, 3, **truth) for b in (1, 4, 16)}
+
+    def parts(k, batch=1):
+        p = predict_costs(target, draft, [max(k, 1)], [1.0], concurrency=[batch], context_len=300, spec_overhead_s=0.0)
+        return float(p.t_base[0]), float(p.t_verify[0, 0]), float(p.t_draft[0, 0])
+
+    base = [SpecStepTiming(0, float(timed[b].t_base[0]), 0.0, 100, 3, 0.1, batch=b) for b in (1, 4)]
+    spec = [SpecStepTiming(3, float(timed[b].t_spec[0, 0]), 0.6, 100, 3, 0.1, batch=b) for b in (1, 4)]
+    c = served_correction(base, spec, parts, model_free=model_free)
+    assert (c.base_offset_s, c.base_per_seq_s, c.draft_scale, c.step_overhead_s, c.overhead_per_seq_s) == pytest.approx(
+        tuple(truth.values()), abs=1e-9)
+    assert c.timed_batch == 4
+    again = predicted(16, 3, c.base_offset_s, c.base_per_seq_s, c.draft_scale, c.step_overhead_s, c.overhead_per_seq_s)
+    assert float(again.t_spec[0, 0]) == pytest.approx(float(timed[16].t_spec[0, 0]))
+    assert float(again.t_base[0]) == pytest.approx(float(timed[16].t_base[0]))
+
+
+def test_a_batch_timed_below_the_profiles_growth_holds_beyond_it():
+    """A plain step timed alike at batch 1 and 4 where the profile grows 2 ms per sequence: the
+    served step is what was timed up to batch 4, and beyond it grows as the profile does (a negative
+    slope is held, not extrapolated into steps that get cheaper with every sequence)."""
+    from draftfit.costmodel import MeasuredStepTime, OffsetStepTime
+    from draftfit.hardware import StepProfile
+
+    profile = MeasuredStepTime(StepProfile(a=0.038, b=0.002, c=0.0))
+
+    def parts(k, batch=1):
+        return float(profile.step_time(batch, 0.0, batch)), 0.0, 0.0
+
+    base = [SpecStepTiming(0, 0.041, 0.0, 100, 3, 0.1), SpecStepTiming(0, 0.041, 0.0, 100, 3, 0.1, batch=4)]
+    offset, per_seq = base_offsets(base, parts)
+    assert offset == pytest.approx(0.001) and per_seq == pytest.approx(-0.002)
+    served = OffsetStepTime(profile, offset, per_seq, timed_batch=4)
+    assert served.step_time(4, 0.0, 4) == pytest.approx(0.041)
+    assert served.step_time(16, 0.0, 16) == pytest.approx(0.041 + 12 * 0.002)
+
+
+def test_the_batches_timed_follow_the_studys_concurrency():
+    from draftfit.spec_timing import timing_batches
+
+    assert timing_batches([1]) == (1,)
+    assert timing_batches([1, 2]) == (1, 2)
+    assert timing_batches([1, 4, 16]) == (1, 4)
 
 
 def test_the_timed_k_is_the_candidates_largest():

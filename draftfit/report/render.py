@@ -456,9 +456,23 @@ def _provenance(results: Results) -> dict[str, Any]:
         "engine": engine, "timings": prov.get("timings") or {}, "study": results.study,
         "prompts": results.prompts.get("summary") or {}, "prompts_hash": results.prompts.get("prompts_hash"),
         "target": (target or {}).get("target") or {}, "trajectories": (target or {}).get("trajectories") or {},
-        "target_profile": profile, "draft_profiles": draft_profiles,
+        "target_profile": profile, "draft_profiles": draft_profiles, "served_timing": _served_timing(prov),
         "verify_runs": [v for v in prov.get("verify") or [] if isinstance(v, dict)],
     }
+
+
+def _served_timing(prov: dict[str, Any]) -> list[dict[str, Any]]:
+    """One row per timed engine (the plain target, then each candidate): its served steps by batch
+    (ms) and, for a candidate, the correction they gave the cost model."""
+    served = prov.get("served_timing") or {}
+    if not served:
+        return []
+    base = [t for t in [served.get("baseline"), *(served.get("baseline_batched") or [])] if t]
+    rows = [{"name": "no speculation", "steps": base, "correction": None}] if base else []
+    corrections = served.get("corrections") or {}
+    rows += [{"name": name, "steps": steps, "correction": corrections.get(name)}
+             for name, steps in sorted((served.get("speculative") or {}).items())]
+    return rows
 
 
 def _figures(results: Results) -> dict[str, str | None]:
