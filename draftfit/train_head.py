@@ -52,7 +52,9 @@ class HeadRecipe:
     draft_vocab: int = 8192
     epochs: int = 6
     unroll: int = 3
-    lr: float = 3e-3
+    # chosen on prompts neither trained on nor held back (see tests/test_eagle3.py): at 3e-3 the
+    # CI-sized head stalled at 21% training accuracy and AL 1.15; at 5e-4 it reached 44% and 1.32
+    lr: float = 5e-4
     prompt_positions: bool = True  # train on chains from prompt positions too, not only the answers
     starts_per_sequence: int = 160  # chains trained per sequence and pass (a random share of its starts)
     soft_top_k: int = 20  # distil the target's top-k next-token distribution (0: its greedy tokens only)

@@ -185,12 +185,13 @@ def test_mtp_needs_mtp_layers():
 MAX_TOKENS, K, HELD_OUT = 48, 3, 12
 SMALL_KV = 0.15
 AL_TOLERANCE_T0 = 0.03  # the issue's tolerance at temperature 0
-# The issue asks for a head with AL >= 1.3 here; the head trained within CI's budget (about 3 minutes)
-# reaches about 1.15 at k=3 on the held-back prompts, the demo's (7 minutes) about 1.28: the target
-# is not met (#15 stays open). This floor only keeps the check meaningful: drafts are accepted.
-AL_FLOOR = 1.1
-CI_RECIPE = {"max_tokens": 64, "epochs": 5, "draft_vocab": 4096, "max_prompt_tokens": 384}
-TRAINING_PROMPTS = 120
+# The issue's floor: a head with real acceptance, so the agreement check can fail. The recipe's
+# learning rate and this session's sizing were chosen on 30 demo prompts that are neither trained on
+# nor among the held-back ones here (validation AL at k=3: 1.32 with 120 prompts x 5 epochs, 1.36
+# with 240 x 4); on the held-back prompts that sizing reached 1.33 (bfloat16 training states).
+AL_FLOOR = 1.3
+CI_RECIPE = {"max_tokens": 64, "epochs": 4, "draft_vocab": 4096, "max_prompt_tokens": 384}
+TRAINING_PROMPTS = 240
 
 
 def train_in_session(method: str, smollm2_ref, smollm2_meta, smollm2_model, engine_slot):
@@ -252,5 +253,5 @@ def trained(smollm2_ref, smollm2_meta, smollm2_model, engine_slot):
 @pytest.mark.engine
 def test_trained_head_predicted_al_matches_vllms_counters(trained, smollm2_model, engine_slot):
     predicted, truth = predicted_and_vllms_al("eagle3", trained, smollm2_model, engine_slot)
-    assert predicted >= AL_FLOOR  # a head with real acceptance, so the comparison can fail
+    assert predicted >= AL_FLOOR, f"the head trained here reached AL {predicted:.3f} < {AL_FLOOR}"
     assert abs(predicted - truth) <= AL_TOLERANCE_T0 * truth

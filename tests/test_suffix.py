@@ -36,26 +36,41 @@ def test_the_prompt_tree_drafts_what_the_prompt_contains():
         assert c.num_draft_tokens <= c.num_drafts * k
 
 
-@pytest.mark.slow
-@pytest.mark.engine
-@pytest.mark.parametrize("k", [2, 4])
-def test_simulation_equals_vllms_counters(k, smollm2_model, smollm2_meta, engine_slot):
+AGREEMENT_KS = (2, 4)
+AGREEMENT_TOKENS = 48
+
+
+@pytest.fixture(scope="module")
+def suffix_answers(smollm2_model, smollm2_meta, engine_slot):
+    """The 12 prompts and the target's greedy answers, long enough for the largest k (one target
+    pass shared by every k: at temperature 0 a shorter k's answers are their prefixes)."""
     pytest.importorskip("vllm")
-    from draftfit.acceptance_walk import stop_positions
     from draftfit.candidates import StudySettings
     from draftfit.engines import SamplingSpec
-    from draftfit.engines.vllm_engine import VLLMEngine, run_speculative
+    from draftfit.engines.vllm_engine import VLLMEngine
     from draftfit.prompts.sampling import study_prompts
 
-    max_tokens = 48
-    study = StudySettings(sample_size=12, max_tokens=max_tokens, max_model_len=1024)
+    study = StudySettings(sample_size=12, max_tokens=AGREEMENT_TOKENS, max_model_len=1024)
     prompts = [item.input_ids for item in study_prompts(study, smollm2_meta).items]
     target = engine_slot.acquire(("smollm2", "float32"),
                                  lambda: VLLMEngine(smollm2_model, dtype="float32", max_model_len=1024, progress=False))
-    trajs = target.generate_trajectories(prompts, SamplingSpec(0.0, 1.0, max_tokens + k, 0), 1)
+    trajs = target.generate_trajectories(prompts, SamplingSpec(0.0, 1.0, AGREEMENT_TOKENS + max(AGREEMENT_KS), 0), 1)
+    engine_slot.release()  # each speculative run starts an engine of its own
+    return prompts, trajs
+
+
+@pytest.mark.slow
+@pytest.mark.engine
+@pytest.mark.parametrize("k", AGREEMENT_KS)
+def test_simulation_equals_vllms_counters(k, suffix_answers, smollm2_model):
+    from draftfit.acceptance_walk import stop_positions
+    from draftfit.engines import SamplingSpec
+    from draftfit.engines.vllm_engine import run_speculative
+
+    max_tokens = AGREEMENT_TOKENS
+    prompts, trajs = suffix_answers
     walked = suffix_walk([t.sequence for t in trajs], [t.response_start for t in trajs], stop_positions(trajs, max_tokens),
                          [k], max_model_len=1024)
-    engine_slot.release()  # the speculative run starts an engine of its own
     # one request at a time, in order: each response is in the global tree before the next starts
     run = run_speculative(smollm2_model, prompts, SamplingSpec(0.0, 1.0, max_tokens, 0),
                           {"method": "suffix", "num_speculative_tokens": k}, dtype="float32", max_model_len=1024,
