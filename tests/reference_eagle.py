@@ -140,3 +140,26 @@ class EagleProposer(Proposer):
         y = _norm(residual, w["post_attention_layernorm"], c.rms_norm_eps)
         out = w["down_proj"] @ (torch.nn.functional.silu(w["gate_proj"] @ y) * (w["up_proj"] @ y)) + residual
         return int((w["lm_head"] @ out).argmax()), out
+
+
+class MTPProposer(Proposer):
+    """vLLM's MiMo MTP proposer (``mimo_mtp.py``): ``input_proj`` over [hidden_layernorm(state),
+    token_layernorm(embedding)] — the embedding zeroed at position 0 — is the residual; one Qwen2
+    layer (input norm, q/k/v biases); ``final_layernorm`` of output plus residual is both what the
+    LM head reads and the next hidden state."""
+
+    def _pass(self, pos: int, token: int, hidden: torch.Tensor):
+        c, w = self.c, self.w
+        e = self.embed[token] if pos != 0 else torch.zeros_like(self.embed[token])
+        e = _norm(e, w["token_layernorm"], c.rms_norm_eps)
+        x = w["input_proj"] @ torch.cat([_norm(hidden, w["hidden_layernorm"], c.rms_norm_eps), e])
+        y = _norm(x, w["input_layernorm"], c.rms_norm_eps)
+        q = (w["q_proj"] @ y + w["q_proj.bias"]).view(c.num_heads, c.head_dim)
+        k = (w["k_proj"] @ y + w["k_proj.bias"]).view(c.num_kv_heads, c.head_dim)
+        v = (w["v_proj"] @ y + w["v_proj.bias"]).view(c.num_kv_heads, c.head_dim)
+        heads = self._attend(pos, q, k, v)
+        residual = w["o_proj"] @ torch.cat(heads) + x
+        z = _norm(residual, w["post_attention_layernorm"], c.rms_norm_eps)
+        out = _norm(w["down_proj"] @ (torch.nn.functional.silu(w["gate_proj"] @ z) * (w["up_proj"] @ z)) + residual,
+                    w["final_layernorm"], c.rms_norm_eps)
+        return int((w["lm_head"] @ out).argmax()), out

@@ -35,7 +35,7 @@ ROUTE = {"draft_model": "scored", "draft_model-derived": "scored", "ngram": "sim
 # why each skipped one is skipped (the heads here name a plain model: heads are tested in test_eagle3
 # and test_eagle)
 SKIP_SAYS = {"suffix": "pip install arctic-inference", "eagle": "is not an EAGLE head", "eagle3": "is not an EAGLE-3 head",
-             "mtp": "draftfit verify"}
+             "mtp": "has no MTP layers"}
 
 
 def _installed_speculative_config() -> tuple[set[str], set[str]]:

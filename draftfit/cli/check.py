@@ -46,7 +46,8 @@ def _check_version(ctx: click.Context, param: click.Parameter, value: str | None
               help="More probe texts: one per line, or JSONL with a `text` field.")
 @click.option("--method", type=click.Choice(["auto", "eagle", "eagle3", "mtp"]), default="auto", show_default=True,
               help="Check DRAFT as a head of this method (auto: an EAGLE/EAGLE-3 head when its config.json says so; "
-                   "mtp: the target's own MTP layers, DRAFT = TARGET).")
+                   "mtp: the MTP layers DRAFT's checkpoint carries: DRAFT = TARGET for a target that ships them, or the "
+                   "copy of the target rank wrote with a layer trained here).")
 @click.option("-k", "--num-speculative-tokens", "ks", type=click.IntRange(min=1), multiple=True,
               help="Head checks: the k values to deploy (MTP: k must divide by its layers). Repeatable.")
 @click.option("--max-model-len", type=click.IntRange(min=1), default=None,
@@ -116,7 +117,9 @@ def _check_head(target: str, draft: str, method: str, ks: list[int], max_model_l
     from draftfit.compat.heads import INCOMPATIBLE, check_head
     from draftfit.refs import metadata_dir, model_dir, resolve
 
-    target_config = json.loads((metadata_dir(resolve(target), trust_remote_code=trust_remote_code) / "config.json")
+    # MTP layers are read where they are carried: the checkpoint served as the target
+    carrier = draft if method == "mtp" else target
+    target_config = json.loads((metadata_dir(resolve(carrier), trust_remote_code=trust_remote_code) / "config.json")
                                .read_text(encoding="utf-8"))
     head_dir = None if method == "mtp" else model_dir(resolve(draft), trust_remote_code=trust_remote_code)
     mml = max_model_len or target_config.get("max_position_embeddings")

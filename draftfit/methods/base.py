@@ -94,6 +94,7 @@ class EngineSpec:
     config: dict[str, Any]
     directory: Path | None = None  # the draft's local directory (a model draft) or None
     draft_is_target: bool = False
+    target: Path | None = None  # a checkpoint served in the target's place (the target with its MTP layer)
 
 
 StepTimeOf = Callable[..., Any]  # (draft fingerprint, shape, role) → costmodel.StepTime; role: the method name
@@ -117,6 +118,9 @@ class DraftMethod:
     # proposes from what earlier requests produced (a cache that lives in the server): a server that
     # answered the same prompts before drafts their answers, so verify measures it fresh every run
     state_across_requests: bool = False
+    # the candidate's `model` is served in the target's place (a checkpoint of the target that carries
+    # the proposer, as MTP layers are carried): the deploy command and verify start it instead
+    replaces_target: bool = False
 
     # --- candidate files ------------------------------------------------------------------
 
@@ -198,7 +202,7 @@ class HeadMethod(DraftMethod):
         if not draft.model and not (draft.trained and self.trainable):
             raise ValueError(f"method {self.name} needs `model` (the head's checkpoint)")
         if draft.trained and not self.trainable:
-            raise ValueError(f"`trained` applies to method eagle3 only, not {self.name}")
+            raise ValueError(f"`trained` applies to methods eagle3 and mtp only, not {self.name}")
         if draft.derived:
             raise ValueError(f"`derived` applies to method draft_model only, not {self.name}")
         super().validate(draft)

@@ -38,7 +38,7 @@ class DraftModel(DraftMethod):
         if (draft.model is None) == (draft.derived is None):
             raise ValueError("a draft_model needs exactly one of `model` or `derived`")
         if draft.trained:
-            raise ValueError("`trained` applies to method eagle3 only, not draft_model")
+            raise ValueError("`trained` applies to methods eagle3 and mtp only, not draft_model")
         super().validate(draft)
 
     def plan(self, candidate, ctx) -> PlannedDraft:

@@ -1,23 +1,108 @@
-"""``mtp``: the multi-token-prediction layers a target ships (DeepSeek-V3, Qwen3-Next, GLM, …),
-run as vLLM's MTP proposer. Part of the target's checkpoint; `verify` measures it."""
+"""``mtp``: the multi-token-prediction layers a target ships (MiMo, DeepSeek-V3, Qwen3-Next, GLM, …),
+run as vLLM's MTP proposer: a layer over the target's last hidden state and the next token's
+embedding, sharing the target's embedding and LM head, chained k times.
+
+Offline (draftfit.eagle_head.MTPHead) in MiMo's layout (vLLM's ``mimo_mtp``), chained as an EAGLE
+head is; other MTP layouts are checked and deployed, and measured with `verify`. ``trained:``
+writes an MTP layer trained here (draftfit.train_head) into a copy of the target in MiMo's layout:
+that checkpoint is served in the target's place, and its own outputs are the target's.
+"""
 
 from __future__ import annotations
 
-from draftfit.methods.base import HeadMethod, with_extra_params
+import json
+from typing import Any
+
+from draftfit.methods.base import (
+    CostTerms,
+    DraftMethod,
+    EngineSpec,
+    PlannedDraft,
+    with_extra_params,
+)
+from draftfit.methods.eagle import EagleFamily
 
 MTP_LAYER_KEYS = ("num_nextn_predict_layers", "mtp_num_hidden_layers", "num_mtp_layers")
 
 
-class MTP(HeadMethod):
+class MTP(EagleFamily):
     name = "mtp"
+    title = "MTP"
+    uses_model = False  # vLLM reads the layers from the served model; the JSON names none
+    replaces_target = True
+    not_this_head = "its config.json names no MTP layers"
+
+    def validate(self, draft) -> None:
+        """``model`` is optional: without it the target's own MTP layers are meant."""
+        if draft.derived:
+            raise ValueError("`derived` applies to method draft_model only, not mtp")
+        DraftMethod.validate(self, draft)
+
+    def plan(self, candidate, ctx) -> PlannedDraft:
+        from draftfit.compat.heads import check_head
+        from draftfit.eagle_head import MTP_ARCHITECTURE
+        from draftfit.refs import model_dir, resolve
+
+        plan = PlannedDraft(candidate, self.name)
+        if ctx.study.temperature > 0 and ctx.study.draft_sample_method == "probabilistic":
+            plan.skip_reason = ("probabilistic drafting of MTP layers is not predicted by this draftfit version (greedy "
+                                "drafting is vLLM's default); measure it with `draftfit verify`")
+            return plan
+        if candidate.draft.trained is not None:
+            plan, candidate = self._train(plan, candidate, ctx)
+            ref = resolve(candidate.draft.model)
+        elif candidate.draft.model:
+            ref = resolve(candidate.draft.model)
+            plan.deploy_model = candidate.draft.model
+        else:
+            ref = ctx.target_ref  # the target's own layers
+        directory = model_dir(ref, trust_remote_code=ctx.trust_remote_code)
+        config = json.loads((directory / "config.json").read_text(encoding="utf-8"))
+        report = check_head(self.name, None, config, list(candidate.k), ctx.study.max_model_len)
+        plan.check = report
+        if report["verdict"] == "incompatible":
+            plan.skip_reason = f"incompatible with vLLM: {report['summary']}"
+            return plan
+        if (config.get("architectures") or [None])[0] != MTP_ARCHITECTURE:
+            plan.skip_reason = (f"the MTP layers of {(config.get('architectures') or ['?'])[0]} are not predicted offline "
+                                f"by this draftfit version (it runs {MTP_ARCHITECTURE}'s); measure them with `draftfit verify`")
+            return plan
+        plan.draft_ref = ref
+        return plan
+
+    def engine_config(self, candidate, k, target_ref, extra, *, trust_remote_code=False) -> EngineSpec:
+        """No ``model`` in the config: vLLM reads the layers from the model it serves — the target,
+        or the candidate's checkpoint in its place."""
+        from draftfit.refs import model_dir, resolve
+
+        served = model_dir(resolve(candidate.draft.model), trust_remote_code=trust_remote_code) if candidate.draft.model else None
+        extra = {key: value for key, value in extra.items() if key != "draft_sample_method"}
+        return EngineSpec({"method": self.name, "num_speculative_tokens": int(k)} | extra, target=served)
+
+    def cost(self, plan: PlannedDraft, step_time, *, trust_remote_code: bool = False) -> CostTerms:
+        """The layer's passes; vLLM shares the target's embedding and LM head with every MTP model."""
+        from draftfit.costmodel import ModelDraftCost
+        from draftfit.refs import fingerprint, model_dir
+
+        config = json.loads((model_dir(plan.draft_ref) / "config.json").read_text(encoding="utf-8"))
+        shape = self.draft_shape(config, f"{plan.draft_ref.name} MTP")
+        head_tied = 1 if config.get("tie_word_embeddings", False) else 2
+        shape = with_extra_params(shape, -float(head_tied * shape.vocab_size * shape.hidden_size))
+        return CostTerms(ModelDraftCost(step_time(fingerprint(plan.draft_ref) + ":mtp", shape, self.name)), shape,
+                         float(shape.params))
 
     def draft_shape(self, config, name):
         """The target's own MTP layer(s) (``num_nextn_predict_layers``, default 1), each a decoder
-        layer of the target plus its ``eh_proj`` (2·hidden → hidden), sharing the target's
-        embedding and LM head; vLLM runs a layer once per drafted token."""
+        layer of the target plus its input projection (2·hidden → hidden); vLLM runs a layer once
+        per drafted token."""
         layers = next((int(config[key]) for key in MTP_LAYER_KEYS if config.get(key)), 1)
-        shape = super().draft_shape({**config, "num_hidden_layers": layers}, name)
+        shape = super(EagleFamily, self).draft_shape({**config, "num_hidden_layers": layers}, name)
         return with_extra_params(shape, layers * 2.0 * shape.hidden_size * shape.hidden_size)
+
+    def label(self, draft: dict[str, Any]) -> str:
+        if draft.get("trained"):
+            return "MTP layer trained here, written into the target"
+        return str(draft.get("model") or "the target's own MTP layers")
 
 
 METHOD = MTP()

@@ -102,7 +102,7 @@ class Endpoints:
         if self.mode == "inprocess":
             from draftfit.engines.vllm_async import AsyncVLLMEngine
 
-            engine = AsyncVLLMEngine(self.target_dir, self.options, config.speculative_config)
+            engine = AsyncVLLMEngine(served_dir(self.target_dir, config), self.options, config.speculative_config)
             try:
                 async with engine:
                     yield Live(engine, pids=lambda: engine.pids)
@@ -112,7 +112,7 @@ class Endpoints:
             return
         from draftfit.engines.vllm_server import ServerClient, VLLMServer
 
-        server = VLLMServer(self.target_dir, self.options, config.speculative_config, log_path=self.log_path,
+        server = VLLMServer(served_dir(self.target_dir, config), self.options, config.speculative_config, log_path=self.log_path,
                             label=config.label)
         runs.serve_argv = list(server.argv)
         runs.url = server.url
@@ -122,6 +122,12 @@ class Endpoints:
         finally:
             runs.startup_s.append(server.startup_s)
             runs.shutdown_s.append(server.shutdown_s)
+
+
+def served_dir(target_dir: Path, config: VerifyConfig) -> Path:
+    """What the configuration's server loads as its model: the target, or the checkpoint that
+    replaces it (the target with its MTP layer)."""
+    return Path(config.target) if config.target else target_dir
 
 
 def server_bytes(target_dir: Path, options: EngineConfig, config: VerifyConfig) -> int:
@@ -134,7 +140,7 @@ def server_bytes(target_dir: Path, options: EngineConfig, config: VerifyConfig) 
         return sum(p.stat().st_size for p in Path(directory).glob("*.safetensors"))
 
     kv = int(memory_kwargs(options.gpu_memory_utilization).get("kv_cache_memory_bytes") or 0)
-    return weights(target_dir) + weights(config.draft) + kv + SERVER_OVERHEAD_BYTES
+    return weights(served_dir(target_dir, config)) + weights(config.draft) + kv + SERVER_OVERHEAD_BYTES
 
 
 def servers_at_once(target_dir: Path, options: EngineConfig, configs: Sequence[VerifyConfig], mode: Mode) -> int:

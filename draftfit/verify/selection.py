@@ -29,6 +29,7 @@ class VerifyConfig:
     draft: str | None = None  # the draft's directory (draft models) or None
     speculative_config: dict[str, Any] | None = None
     draft_is_target: bool = False
+    target: str | None = None  # a checkpoint served in the target's place (None: the target)
 
     @property
     def label(self) -> str:
@@ -103,7 +104,8 @@ def speculative_config(candidate: Candidate, k: int, target_ref, study: StudySet
         extra["quantization"] = draft.quantization
     spec = get_method(draft.method).engine_config(candidate, k, target_ref, extra, trust_remote_code=trust_remote_code)
     directory = str(spec.directory) if spec.directory else None
-    return VerifyConfig(candidate.name, int(k), draft.method, directory, spec.config, spec.draft_is_target)
+    return VerifyConfig(candidate.name, int(k), draft.method, directory, spec.config, spec.draft_is_target,
+                        str(spec.target) if spec.target else None)
 
 
 def select_configs(
