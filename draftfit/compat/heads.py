@@ -16,7 +16,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from draftfit.methods.mtp import MTP_LAYER_KEYS
+# where a config names its MTP layers (vLLM reads the first; the others name them in other families)
+MTP_LAYER_KEYS = ("num_nextn_predict_layers", "mtp_num_hidden_layers", "num_mtp_layers")
 
 COMPATIBLE, INCOMPATIBLE = "compatible", "incompatible"
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from draftfit.compat.heads import MTP_LAYER_KEYS
 from draftfit.methods.base import (
     CostTerms,
     DraftMethod,
@@ -21,8 +22,6 @@ from draftfit.methods.base import (
     with_extra_params,
 )
 from draftfit.methods.eagle import EagleFamily
-
-MTP_LAYER_KEYS = ("num_nextn_predict_layers", "mtp_num_hidden_layers", "num_mtp_layers")
 
 
 class MTP(EagleFamily):
