@@ -63,13 +63,20 @@ def test_the_measured_path_times_the_served_steps(measured_run):
     assert served["kind"] == "measured" and served["baseline"]["seconds_per_step"] > 0
     assert [t["batch"] for t in served["baseline_batched"]] == [4]
     assert set(served["speculative"]) == set(served["corrections"]) == {"ngram-2-4", "self-draft", "early-exit-4"}
+    from draftfit.costmodel import MeasuredStepTime, ModelFreeDraftCost, predict_costs
+    from draftfit.hardware import StepProfile
+
+    context_len = next(c["cost"]["context_len"] for c in data["configs"])
+    target_step = MeasuredStepTime(StepProfile.from_dict(data["targets"][0]["profile"]["profile"]))
+    profile_step = float(predict_costs(target_step, ModelFreeDraftCost("ngram"), [1], [1.0], concurrency=[1],
+                                       context_len=context_len, spec_overhead_s=0.0).t_base[0])
     for name, timings in served["speculative"].items():
         assert [(t["k"], t["batch"]) for t in timings] == [(3, 1), (3, 4)] and timings[0]["steps"] > 0, name
         correction = served["corrections"][name]
         assert correction["timed_batch"] == 4
         assert np.isfinite([correction["overhead_per_seq_s"], correction["base_per_seq_s"]]).all(), correction
-        assert correction["base_offset_s"] == pytest.approx(served["baseline"]["seconds_per_step"]
-                                                           - data["targets"][0]["profile"]["profile"]["a"], abs=0.05)
+        # the offset is the served step less the profile's own step alone at the study's context
+        assert correction["base_offset_s"] == pytest.approx(served["baseline"]["seconds_per_step"] - profile_step, abs=1e-9)
     assert served["corrections"]["ngram-2-4"]["draft_scale"] == 1.0  # no proposer passes to scale
     self_draft = next(c for c in data["configs"] if c["candidate"] == "self-draft")
     assert "served-timing" in json.dumps(self_draft["cost"])
