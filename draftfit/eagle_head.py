@@ -576,7 +576,6 @@ class EagleHead(Eagle3Head):
 
 
 MTP_PREFIX = "model.mtp_layers.0."
-MTP_OWN = ("token_layernorm", "hidden_layernorm", "input_proj", "final_layernorm")
 
 
 class MTPHead(Eagle3Head):

@@ -197,9 +197,10 @@ class HeadMethod(DraftMethod):
 
     uses_model = True
     trainable = False  # draftfit's recipe can train one (`trained:`)
+    model_required = True  # the candidate names the checkpoint (or trains one); MTP's default is the target's own
 
     def validate(self, draft: DraftSpec) -> None:
-        if not draft.model and not (draft.trained and self.trainable):
+        if self.model_required and not draft.model and not (draft.trained and self.trainable):
             raise ValueError(f"method {self.name} needs `model` (the head's checkpoint)")
         if draft.trained and not self.trainable:
             raise ValueError(f"`trained` applies to methods eagle3 and mtp only, not {self.name}")

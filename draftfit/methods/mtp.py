@@ -16,7 +16,6 @@ from typing import Any
 from draftfit.compat.heads import MTP_LAYER_KEYS
 from draftfit.methods.base import (
     CostTerms,
-    DraftMethod,
     EngineSpec,
     PlannedDraft,
     with_extra_params,
@@ -29,13 +28,8 @@ class MTP(EagleFamily):
     title = "MTP"
     uses_model = False  # vLLM reads the layers from the served model; the JSON names none
     replaces_target = True
+    model_required = False  # without `model`, the target's own MTP layers
     not_this_head = "its config.json names no MTP layers"
-
-    def validate(self, draft) -> None:
-        """``model`` is optional: without it the target's own MTP layers are meant."""
-        if draft.derived:
-            raise ValueError("`derived` applies to method draft_model only, not mtp")
-        DraftMethod.validate(self, draft)
 
     def plan(self, candidate, ctx) -> PlannedDraft:
         from draftfit.compat.heads import check_head
