@@ -42,6 +42,11 @@ the same way; it differs in what it reads (the target's last layer's output befo
 MiMo's model returns it un-normed) and in its layer (see the class). vLLM's MiMo MTP reads the
 *served* model's config, so the layer rides inside its target: a layer trained here is written into
 a copy of the target in MiMo's layout, served in the target's place.
+
+DeepSeek-V3's MTP layer (``deepseek_mtp.py``, :class:`DeepSeekMTPHead`) is read from its target
+(``model.layers.{L}.*``): it reads the target's *normed* last hidden state, projects
+``[embedding, state]`` (the other order from MiMo's), runs a DeepSeek decoder layer (latent
+attention, experts) and feeds its normed output back.
 """
 
 from __future__ import annotations
@@ -82,7 +87,8 @@ class HeadConfig:
     norm_output: bool = False
     attention_bias: bool = False
     speculators_format: bool = False
-    method: str = "eagle3"  # or "eagle": EAGLE(-1); "mtp": a MiMo-layout MTP layer
+    method: str = "eagle3"  # or "eagle": EAGLE(-1); "mtp": a target's MTP layer
+    architecture: str = ""  # MTP: the target's architecture, which names the layer's layout
 
     def aux_layers(self, target_layers: int) -> tuple[int, ...]:
         """The target's hidden states the head reads, as indices of transformers' ``hidden_states``
@@ -95,8 +101,9 @@ class HeadConfig:
     @property
     def before_final_norm(self) -> bool:
         """MiMo's model hands its MTP layer the last layer's output before the final norm (its
-        ``compute_logits`` applies the norm); Llama's hands EAGLE-1 the normed output."""
-        return self.method == "mtp"
+        ``compute_logits`` applies the norm); Llama's hands EAGLE-1 the normed output, DeepSeek's
+        its MTP layer too."""
+        return self.method == "mtp" and self.architecture == MTP_ARCHITECTURE
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -167,23 +174,58 @@ def _eagle1_config(raw: dict[str, Any], directory: Path) -> HeadConfig:
     return config
 
 
-MTP_ARCHITECTURE = "MiMoForCausalLM"
+MTP_ARCHITECTURE = "MiMoForCausalLM"  # the layout a layer trained here is written in
+DEEPSEEK_MTP_ARCHITECTURE = "DeepseekV3ForCausalLM"
+DEEPSEEK_MTP_MODEL_TYPE = "deepseek_v3"  # what vLLM maps to its deepseek_mtp proposer (V3.2's sparse one aside)
+
+
+def mtp_layout(raw: dict[str, Any]) -> str | None:
+    """The architecture naming the MTP layout this version runs offline for a target's config, or None."""
+    arch = (raw.get("architectures") or [None])[0]
+    if arch == MTP_ARCHITECTURE:
+        return arch
+    if arch == DEEPSEEK_MTP_ARCHITECTURE and raw.get("model_type") == DEEPSEEK_MTP_MODEL_TYPE:
+        return arch
+    return None
 
 
 def _mtp_config(raw: dict[str, Any], directory: Path) -> HeadConfig:
-    """The MTP layer of a MiMo-layout target: Qwen2's decoder layer (q/k/v biases) with the
-    target's own sizes, ``num_nextn_predict_layers`` of them."""
-    arch = (raw.get("architectures") or [None])[0]
-    if arch != MTP_ARCHITECTURE:
-        raise DraftfitError(f"the target's MTP layers ({arch}) are not modelled offline by this draftfit version, "
-                            f"which runs {MTP_ARCHITECTURE}'s layout (vLLM's mimo_mtp)", where=str(directory),
-                            fix="Measure this target's MTP with `draftfit verify`")
-    fields = _layer_fields(raw, directory) | {"num_layers": int(raw.get("num_nextn_predict_layers") or 0),
-                                              "attention_bias": True}
+    """The MTP layer of a target in MiMo's layout (Qwen2's decoder layer, q/k/v biases) or DeepSeek-V3's
+    (an MLA decoder layer, dense or MoE), with the target's own sizes, ``num_nextn_predict_layers`` of them."""
+    arch = mtp_layout(raw)
+    if arch is None:
+        raise DraftfitError(f"the target's MTP layers ({(raw.get('architectures') or [None])[0]}, model_type "
+                            f"{raw.get('model_type')!r}) are not modelled offline by this draftfit version, which runs "
+                            f"{MTP_ARCHITECTURE}'s layout (vLLM's mimo_mtp) and DeepSeek-V3's (deepseek_mtp)",
+                            where=str(directory), fix="Measure this target's MTP with `draftfit verify`")
+    if arch == DEEPSEEK_MTP_ARCHITECTURE:
+        fields = _deepseek_fields(raw, directory)
+    else:
+        fields = _layer_fields(raw, directory) | {"attention_bias": True}
+    fields["num_layers"] = int(raw.get("num_nextn_predict_layers") or 0)
     config = HeadConfig(**fields, draft_vocab_size=fields["vocab_size"], target_hidden_size=fields["hidden_size"],
-                        aux_layer_ids=None, method="mtp")
+                        aux_layer_ids=None, method="mtp", architecture=arch)
     _one_layer(config, directory)
     return config
+
+
+def _deepseek_fields(raw: dict[str, Any], directory: Path) -> dict[str, Any]:
+    """:class:`HeadConfig`'s fields of a DeepSeek-V3 layer: every head its own key (MLA's latent
+    expands per head); ``head_dim`` is the rotary part's (what the RoPE frequencies span)."""
+    rope = raw.get("rope_scaling") or raw.get("rope_parameters") or {}
+    rope_type = rope.get("rope_type") or rope.get("type") or "default"
+    if rope_type not in ("default", "yarn") or (rope_type == "yarn" and rope.get("attention_factor") == 1.0):
+        raise DraftfitError(f"the MTP layer's RoPE {rope_type!r} is not modelled offline by this draftfit version "
+                            "(it runs the default and DeepSeek's YaRN)", where=str(directory),
+                            fix="Measure this target's MTP with `draftfit verify`")
+    heads = int(raw["num_attention_heads"])
+    return {
+        "hidden_size": int(raw["hidden_size"]), "num_heads": heads, "num_kv_heads": heads,
+        "head_dim": int(raw["qk_rope_head_dim"]), "intermediate_size": int(raw["intermediate_size"]),
+        "rms_norm_eps": float(raw.get("rms_norm_eps", 1e-6)),
+        "rope_theta": float(rope.get("rope_theta") or raw.get("rope_theta") or 10000.0),
+        "vocab_size": int(raw["vocab_size"]), "max_position_embeddings": int(raw.get("max_position_embeddings") or 2048),
+    }
 
 
 def _layer_fields(layer: dict[str, Any], directory: Path) -> dict[str, Any]:
@@ -263,6 +305,7 @@ class Eagle3Head:
         c = config
         inv = 1.0 / (c.rope_theta ** (torch.arange(0, c.head_dim, 2, dtype=torch.float64) / c.head_dim))
         self.inv_freq = inv.float()
+        self.scale = c.head_dim ** -0.5  # the attention's softmax scale
 
     # --- construction -----------------------------------------------------------------------
 
@@ -440,13 +483,12 @@ class Eagle3Head:
 
     def _block(self, attn, residual):
         """o_proj, add-and-norm, MLP, add: the layer's pre-norm output."""
-        torch = _torch()
         c = self.config
-        o = attn.reshape(*attn.shape[:-2], -1) @ self.t["o_proj"].T
-        residual = o + residual
-        x = _rms(residual, self.t["post_attention_layernorm"], c.rms_norm_eps)
-        m = (torch.nn.functional.silu(x @ self.t["gate_proj"].T) * (x @ self.t["up_proj"].T)) @ self.t["down_proj"].T
-        return m + residual
+        residual = attn.reshape(*attn.shape[:-2], -1) @ self.t["o_proj"].T + residual
+        return self._mlp(_rms(residual, self.t["post_attention_layernorm"], c.rms_norm_eps)) + residual
+
+    def _mlp(self, x):
+        return _mlp(self.t, "", x)
 
     def logits(self, out):
         """Draft-vocabulary logits of normed outputs."""
@@ -466,7 +508,7 @@ class Eagle3Head:
         rep = c.num_heads // c.num_kv_heads
         k, v = keys.repeat_interleave(rep, dim=-2), values.repeat_interleave(rep, dim=-2)  # [n, H, hd]
         ck, cv = chain_k.repeat_interleave(rep, dim=-2), chain_v.repeat_interleave(rep, dim=-2)  # [A, j, H, hd]
-        scale = c.head_dim ** -0.5
+        scale = self.scale
         prefix = torch.einsum("ahd,nhd->ahn", q, k) * scale
         prefix = prefix.masked_fill(~prefix_mask[:, None, :], float("-inf"))
         own = torch.einsum("ahd,ajhd->ahj", q, ck) * scale
@@ -484,7 +526,7 @@ class Eagle3Head:
         rep = self.config.num_heads // self.config.num_kv_heads
         attn = torch.nn.functional.scaled_dot_product_attention(
             q.transpose(0, 1)[None], k.repeat_interleave(rep, dim=-2).transpose(0, 1)[None],
-            v.repeat_interleave(rep, dim=-2).transpose(0, 1)[None], is_causal=True)[0].transpose(0, 1)
+            v.repeat_interleave(rep, dim=-2).transpose(0, 1)[None], is_causal=True, scale=self.scale)[0].transpose(0, 1)
         out, hidden = self._finish(attn, residual)
         return out, hidden, k, v
 
@@ -711,13 +753,176 @@ class MTPHead(Eagle3Head):
         return out, out
 
 
+class DeepSeekMTPHead(MTPHead):
+    """A DeepSeek-V3 target's MTP layer (vLLM's ``deepseek_mtp.py``), chained as an EAGLE head is.
+
+    The layer reads ``eh_proj([enorm(embed(token)), hnorm(state)])`` — the embedding zeroed at
+    position 0 — through one DeepSeek decoder layer: multi-head latent attention (the query direct
+    or through its low-rank ``q_a``/``q_b``; keys and values expanded per head from the normed
+    latent by ``kv_b_proj``, plus one rotary key shared by all heads, rotated in interleaved pairs;
+    softmax scale ``qk_head_dim^-½``, times YaRN's mscale² under YaRN) and a dense MLP or a
+    mixture of experts (grouped top-k routing, sigmoid or softmax scores, the correction bias for
+    choosing only, renormalised, times ``routed_scaling_factor``, plus the shared experts). The
+    residual sum through ``shared_head.norm`` is both what the target's LM head reads and the next
+    step's state. The first pass reads the target's normed last hidden state (what DeepSeek's model
+    returns). vLLM shares the target's embedding and LM head with the layer.
+    """
+
+    PARAMS = ("enorm", "hnorm", "eh_proj", "input_layernorm", "kv_a_proj_with_mqa", "kv_a_layernorm", "kv_b_proj",
+              "o_proj", "post_attention_layernorm", "final_layernorm")
+
+    def __init__(self, config: HeadConfig, tensors: dict[str, Any], embed, d2t=None, *, model: dict[str, Any]):
+        """``model``: the target's ``config.json`` (the latent sizes, the experts, the RoPE)."""
+        super().__init__(config, tensors, embed, d2t)
+        m = model
+        self.nope, self.rope_dim = int(m["qk_nope_head_dim"]), int(m["qk_rope_head_dim"])
+        self.v_dim, self.lora = int(m["v_head_dim"]), int(m["kv_lora_rank"])
+        self.scale = (self.nope + self.rope_dim) ** -0.5
+        self.rope_gain = 1.0
+        rope = m.get("rope_scaling") or m.get("rope_parameters") or {}
+        if (rope.get("rope_type") or rope.get("type")) == "yarn":
+            self._yarn(m, rope)
+        layer = int(m["num_hidden_layers"])  # the MTP layer's index: vLLM's decoder layer picks its MLP by it
+        self.moe = (m.get("n_routed_experts") is not None and layer >= int(m.get("first_k_dense_replace") or 0)
+                    and layer % int(m.get("moe_layer_freq") or 1) == 0)
+        self.routing = {"top_k": int(m.get("num_experts_per_tok") or 1), "groups": int(m.get("n_group") or 1),
+                        "topk_group": int(m.get("topk_group") or 1), "renormalize": bool(m.get("norm_topk_prob", True)),
+                        "scoring": m.get("scoring_func") or "softmax",
+                        "scale": float(m.get("routed_scaling_factor") or 1.0),
+                        "experts": int(m.get("n_routed_experts") or 0)}
+
+    def _yarn(self, model: dict[str, Any], rope: dict[str, Any]) -> None:
+        """DeepSeek's YaRN: transformers' frequencies and cos/sin gain; the softmax scale times
+        ``yarn_get_mscale(factor, mscale_all_dim)²``."""
+        import math
+
+        from transformers import AutoConfig
+        from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+        hf = AutoConfig.for_model(model["model_type"], **{k: v for k, v in model.items()
+                                                           if k not in ("model_type", "architectures", "auto_map")})
+        inv, gain = ROPE_INIT_FUNCTIONS["yarn"](hf)
+        self.inv_freq, self.rope_gain = inv.float(), float(gain)
+        factor, all_dim = float(rope["factor"]), float(rope.get("mscale_all_dim") or 0.0)
+        if all_dim and factor > 1:
+            self.scale *= (0.1 * all_dim * math.log(factor) + 1.0) ** 2
+
+    @classmethod
+    def load(cls, directory: Path, target_dir: Path | None = None) -> DeepSeekMTPHead:
+        """The first MTP layer of the DeepSeek-V3 checkpoint ``directory`` (``model.layers.{L}.*``,
+        L its number of decoder layers), with that checkpoint's embeddings and LM head."""
+        from safetensors import safe_open
+
+        directory = Path(directory)
+        config, raw = read_config(directory, cls.METHOD)
+        prefix = f"model.layers.{int(raw['num_hidden_layers'])}."
+        named: dict[str, Any] = {}
+        for f in sorted(directory.glob("*.safetensors")):
+            with safe_open(str(f), "pt") as handle:
+                for name in handle.keys():
+                    if not name.startswith(prefix):
+                        continue
+                    key = name.removeprefix(prefix).replace("shared_head.norm", "final_layernorm")
+                    if key.startswith(("embed_tokens", "shared_head.head")):
+                        continue  # vLLM shares the target's
+                    for group in ("self_attn.", "mlp."):
+                        key = key.removeprefix(group)
+                    named[key.removesuffix(".weight")] = handle.get_tensor(name).float()
+        query = ("q_proj",) if raw.get("q_lora_rank") is None else ("q_a_proj", "q_a_layernorm", "q_b_proj")
+        head = cls(config, named, target_embeddings(directory), model=raw)
+        mlp = ("gate", "experts.0.gate_proj") if head.moe else ("gate_proj", "up_proj", "down_proj")
+        missing = [p for p in (*cls.PARAMS, *query, *mlp) if p not in named]
+        if missing:
+            raise DraftfitError(f"the checkpoint's MTP layer lacks {', '.join(missing)}", where=str(directory),
+                                fix=f"Use a DeepSeek-V3 checkpoint with its {prefix}* tensors")
+        head.t["lm_head"] = head.embed if raw.get("tie_word_embeddings") else target_lm_head(directory)
+        return head
+
+    def save(self, *args, **kwargs) -> None:
+        raise DraftfitError("a DeepSeek-V3 MTP layer is read from its target, not written by this draftfit version",
+                            fix="Train MTP layers here for a Llama or Qwen2 target (written in MiMo's layout)")
+
+    def _layer_input(self, tokens, hidden, positions):
+        """``eh_proj([enorm(embed), hnorm(state)])`` (the residual), and its ``input_layernorm``."""
+        torch = _torch()
+        c, t = self.config, self.t
+        e = torch.where((positions != 0)[..., None], self.embed[tokens], torch.zeros((), dtype=self.embed.dtype))
+        x = torch.cat([_rms(e, t["enorm"], c.rms_norm_eps), _rms(hidden, t["hnorm"], c.rms_norm_eps)], dim=-1)
+        x = x @ t["eh_proj"].T
+        return _rms(x, t["input_layernorm"], c.rms_norm_eps), x
+
+    def _rope(self, x, positions):
+        """GPT-J-style rotary embedding (interleaved pairs, vLLM's ``is_neox_style=False``), cos/sin
+        times YaRN's gain."""
+        torch = _torch()
+        freqs = positions.float()[..., None] * self.inv_freq  # [..., n, rope/2]
+        cos, sin = (freqs.cos() * self.rope_gain)[..., None, :], (freqs.sin() * self.rope_gain)[..., None, :]
+        even, odd = x[..., 0::2], x[..., 1::2]
+        return torch.stack([even * cos - odd * sin, odd * cos + even * sin], dim=-1).flatten(-2)
+
+    def _qkv(self, tokens, hidden, positions):
+        """MLA's per-head q, k (the no-RoPE part from the latent, the shared rotary key) and v."""
+        torch = _torch()
+        c, t = self.config, self.t
+        x, residual = self._layer_input(tokens, hidden, positions)
+        shape = x.shape[:-1]
+        if "q_proj" in t:
+            q = x @ t["q_proj"].T
+        else:
+            q = _rms(x @ t["q_a_proj"].T, t["q_a_layernorm"], c.rms_norm_eps) @ t["q_b_proj"].T
+        q = q.view(*shape, c.num_heads, self.nope + self.rope_dim)
+        latent, k_pe = (x @ t["kv_a_proj_with_mqa"].T).split([self.lora, self.rope_dim], dim=-1)
+        kv = (_rms(latent, t["kv_a_layernorm"], c.rms_norm_eps) @ t["kv_b_proj"].T).view(*shape, c.num_heads, -1)
+        k_nope, v = kv.split([self.nope, self.v_dim], dim=-1)
+        k_pe = self._rope(k_pe[..., None, :], positions).expand(*shape, c.num_heads, self.rope_dim)
+        q = torch.cat([q[..., : self.nope], self._rope(q[..., self.nope :], positions)], dim=-1)
+        return q, torch.cat([k_nope, k_pe], dim=-1), v, residual
+
+    def _mlp(self, x):
+        """The dense MLP, or vLLM's grouped top-k routing over the routed experts plus the shared experts."""
+        if not self.moe:
+            return _mlp(self.t, "", x)
+        torch = _torch()
+        r, t = self.routing, self.t
+        flat = x.reshape(-1, x.shape[-1])
+        logits = flat.float() @ t["gate"].float().T
+        scores = logits.sigmoid() if r["scoring"] == "sigmoid" else logits.softmax(-1)
+        bias = t.get("gate.e_score_correction_bias")
+        choice = scores if bias is None else scores + bias
+        grouped = choice.view(len(flat), r["groups"], -1)
+        group_scores = grouped.topk(2, dim=-1).values.sum(-1) if bias is not None else grouped.max(-1).values
+        keep = torch.zeros_like(group_scores).scatter_(1, group_scores.topk(r["topk_group"], dim=-1).indices, 1)
+        choice = choice.masked_fill(~keep.bool().repeat_interleave(grouped.shape[-1], dim=1), float("-inf"))
+        ids = choice.topk(r["top_k"], dim=-1).indices
+        weights = scores.gather(1, ids)
+        if r["renormalize"]:
+            weights = weights / weights.sum(-1, keepdim=True)
+        weights = weights * r["scale"]
+        out = torch.zeros_like(flat)
+        for e in ids.unique().tolist():
+            rows, slot = (ids == e).nonzero(as_tuple=True)
+            out = out.index_add(0, rows, _mlp(t, f"experts.{e}.", flat[rows]) * weights[rows, slot, None].to(flat.dtype))
+        if "shared_experts.gate_proj" in t:
+            out = out + _mlp(t, "shared_experts.", flat)
+        return out.view(x.shape)
+
+
+def _mlp(t: dict[str, Any], prefix: str, x):
+    """A SiLU-gated MLP of tensors ``{prefix}gate_proj`` / ``up_proj`` / ``down_proj``."""
+    torch = _torch()
+    return (torch.nn.functional.silu(x @ t[f"{prefix}gate_proj"].T) * (x @ t[f"{prefix}up_proj"].T)) @ t[f"{prefix}down_proj"].T
+
+
 HEADS = {cls.METHOD: cls for cls in (Eagle3Head, EagleHead, MTPHead)}
+MTP_LAYOUTS = {MTP_ARCHITECTURE: MTPHead, DEEPSEEK_MTP_ARCHITECTURE: DeepSeekMTPHead}
 
 
 def load_head(directory: Path, target_dir: Path | None = None, method: str | None = None) -> Eagle3Head:
-    """The head of ``directory`` as the class of its method (``method``, else what its config says)."""
+    """The head of ``directory`` as the class of its method (``method``, else what its config says;
+    an MTP layer as the class of its target's layout)."""
     config, _ = read_config(directory, method)
-    return HEADS[config.method].load(directory, target_dir)
+    cls = MTP_LAYOUTS[config.architecture] if config.method == "mtp" else HEADS[config.method]
+    return cls.load(directory, target_dir)
 
 
 def target_embeddings(target_dir: Path):

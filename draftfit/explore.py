@@ -362,6 +362,11 @@ def measured_better(results: Results) -> str | None:
         return None
     best = max(usable, key=lambda r: r["speedup_measured"])
     chosen = (rec.get("candidate"), rec.get("k"))
+    if chosen[0] is None:  # the recommendation was to serve without speculation
+        if best["speedup_measured"] <= 1.0:
+            return None
+        return (f"rank recommended serving without speculation, but verify measured {best['config']} faster than the "
+                f"baseline at concurrency {level}: {best['speedup_measured']:.2f}× (measured)")
     mine = next((r for r in usable if (r["candidate"], r["k"]) == chosen), None)
     if (best["candidate"], best["k"]) == chosen or (mine is not None and best["speedup_measured"] <= mine["speedup_measured"]):
         return None

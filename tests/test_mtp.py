@@ -1,6 +1,7 @@
 """MTP offline: the batched chains of a MiMo-layout MTP layer and their walk against a plain proposer
 loop of vLLM's ``mimo_mtp.py``, the checkpoint written with its target, and what rank plans for
-each kind of MTP candidate (a layer trained here against vLLM's counters: tests/test_eagle3.py)."""
+each kind of MTP candidate (a layer trained here against vLLM's counters: tests/test_eagle3.py;
+DeepSeek-V3's layout: tests/test_mtp_deepseek.py)."""
 
 from __future__ import annotations
 
@@ -122,13 +123,6 @@ def test_the_written_copy_tokenizes_as_its_target(tmp_path, smollm2_model):
     text = "Hello there,  사랑\n\n  def f(x):\treturn x"
     ours, theirs = AutoTokenizer.from_pretrained(str(tmp_path / "with-mtp")), AutoTokenizer.from_pretrained(str(smollm2_model))
     assert ours(text)["input_ids"] == theirs(text)["input_ids"]
-
-
-def test_only_mimos_layout_is_run_offline(tmp_path):
-    (tmp_path / "config.json").write_text(json.dumps({"architectures": ["DeepseekV3ForCausalLM"], "num_nextn_predict_layers": 1}))
-    with pytest.raises(Exception, match="not modelled offline") as info:
-        read_config(tmp_path, "mtp")
-    assert "draftfit verify" in info.value.fix
 
 
 def test_mtp_candidates_validate():

@@ -519,6 +519,11 @@ def test_the_recommendation_says_when_verify_measured_a_faster_configuration(exa
     assert measured_better(example.model_copy(update={"measured": faster})) is None
     unverified = [e for e in example.measured if (e.get("candidate"), e.get("k")) != ("ngram-2-4", 2)]
     assert "the recommended ngram-2-4 k=2 was not verified" in measured_better(example.model_copy(update={"measured": unverified}))
+    none = example.model_copy(update={"recommendation": {**example.recommendation, "candidate": None, "k": None}})
+    assert measured_better(none) == ("rank recommended serving without speculation, but verify measured ngram-2-4 k=3 "
+                                     "faster than the baseline at concurrency 1: 1.48× (measured)")
+    slower = [dict(e, speedup_measured=0.9) for e in example.measured]
+    assert measured_better(none.model_copy(update={"measured": slower})) is None  # no speculation was right
 
 
 def test_deploy_commands_keep_their_text_and_mark_their_options(example):

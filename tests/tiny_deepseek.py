@@ -1,0 +1,106 @@
+"""A tiny DeepSeek-V3 target with an MTP layer, built and trained in the test session (no model of that
+layout loads or downloads here).
+
+The target is a randomly initialised ``DeepseekV3ForCausalLM`` in V3's own shape, shrunk: multi-head
+latent attention with a low-rank query, YaRN RoPE (V3's factor and mscales), a dense first layer and
+a grouped mixture of experts after it (sigmoid scores, correction bias, ``routed_scaling_factor``),
+SmolLM2's tokenizer. Its MTP layer (``model.layers.{L}.*``, as V3 ships it) is a copy of the last
+layer's weights with its own norms and ``eh_proj``, trained for a few hundred steps to predict the
+target's token after next on the target's own answers — so its acceptance is real, not 0 and not
+every token. vLLM's MLA kernel on CPU needs a latent of 512 + 64 (``kv_lora_rank`` +
+``qk_rope_head_dim``).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import torch
+
+HIDDEN, LAYERS, EXPERTS = 256, 2, 8
+MTP_PREFIX = f"model.layers.{LAYERS}."
+
+
+def build(out: Path, tokenizer_dir: Path, seed: int = 0) -> Path:
+    """Write the target (with its untrained MTP layer) to ``out``."""
+    from safetensors.torch import load_file, save_file
+    from transformers import AutoTokenizer, DeepseekV3Config, DeepseekV3ForCausalLM
+
+    out.mkdir(parents=True, exist_ok=True)
+    config = DeepseekV3Config(
+        vocab_size=49152, hidden_size=HIDDEN, intermediate_size=512, moe_intermediate_size=128,
+        num_hidden_layers=LAYERS, num_attention_heads=4, num_key_value_heads=4, n_shared_experts=1,
+        n_routed_experts=EXPERTS, routed_scaling_factor=2.5, kv_lora_rank=512, q_lora_rank=96, qk_rope_head_dim=64,
+        v_head_dim=64, qk_nope_head_dim=64, n_group=2, topk_group=1, num_experts_per_tok=2, first_k_dense_replace=1,
+        norm_topk_prob=True, max_position_embeddings=163840,
+        rope_parameters={"rope_type": "yarn", "rope_theta": 10000.0, "factor": 40.0, "original_max_position_embeddings": 4096,
+                         "beta_fast": 32, "beta_slow": 1, "mscale": 1.0, "mscale_all_dim": 1.0},
+        tie_word_embeddings=False, bos_token_id=1, eos_token_id=2)
+    torch.manual_seed(seed)
+    model = DeepseekV3ForCausalLM(config).float()
+    with torch.no_grad():
+        for layer in model.model.layers:
+            if hasattr(layer.mlp, "gate"):  # a non-zero correction bias: it must choose, not weigh
+                layer.mlp.gate.e_score_correction_bias.copy_(torch.randn(EXPERTS) * 0.05)
+    model.save_pretrained(str(out), safe_serialization=True)
+    AutoTokenizer.from_pretrained(str(tokenizer_dir)).save_pretrained(str(out))
+    weights = load_file(str(out / "model.safetensors"))
+    last = f"model.layers.{LAYERS - 1}."
+    for name, value in list(weights.items()):
+        if name.startswith(last):
+            weights[MTP_PREFIX + name.removeprefix(last)] = value.clone()
+    g = torch.Generator().manual_seed(seed + 1)
+    for norm in ("enorm", "hnorm", "shared_head.norm"):
+        weights[f"{MTP_PREFIX}{norm}.weight"] = 1 + 0.1 * torch.randn(HIDDEN, generator=g)
+    weights[f"{MTP_PREFIX}eh_proj.weight"] = torch.randn(HIDDEN, 2 * HIDDEN, generator=g) * 0.02
+    weights[f"{MTP_PREFIX}shared_head.head.weight"] = weights["lm_head.weight"].clone()  # as V3 ships them
+    weights[f"{MTP_PREFIX}embed_tokens.weight"] = weights["model.embed_tokens.weight"].clone()
+    save_file({k: v.contiguous() for k, v in weights.items()}, str(out / "model.safetensors"), metadata={"format": "pt"})
+    raw = json.loads((out / "config.json").read_text())
+    raw |= {"num_nextn_predict_layers": 1, "topk_method": "noaux_tc", "scoring_func": "sigmoid"}  # V3's own keys
+    (out / "config.json").write_text(json.dumps(raw, indent=2))
+    return out
+
+
+def train_mtp_layer(target: Path, sequences: list[np.ndarray], response_starts: list[int], *, steps: int = 300,
+                    lr: float = 2e-3, seed: int = 0) -> list[float]:
+    """Train the target's MTP layer (every tensor of it) on its first pass — the token after next at
+    every response position — and write it back into the checkpoint. Returns the loss per step."""
+    from safetensors.torch import load_file, save_file
+
+    from draftfit.eagle_head import TargetStates, load_head
+
+    head = load_head(target, None, "mtp")
+    states = TargetStates(target, (LAYERS,), "float32")
+    data = [(torch.as_tensor(s, dtype=torch.long), states(s[:-1]), p) for s, p in zip(sequences, response_starts, strict=True)]
+    trained = {name: value.requires_grad_() for name, value in head.t.items() if name != "lm_head"}
+    optimiser = torch.optim.Adam(trained.values(), lr=lr)
+    rng = np.random.default_rng(seed)
+    losses = []
+    for _ in range(steps):
+        seq, state, start = data[int(rng.integers(len(data)))]
+        out, _, _, _ = head.prefix_pass(seq, state[: len(seq) - 2])  # position p reads token p+1, predicts p+2
+        loss = torch.nn.functional.cross_entropy(head.logits(out[start - 2 :]), seq[start:])
+        optimiser.zero_grad()
+        loss.backward()
+        optimiser.step()
+        losses.append(float(loss.detach()))
+    weights = load_file(str(target / "model.safetensors"))
+    for name, value in trained.items():
+        weights[_checkpoint_name(name)] = value.detach().clone()
+    save_file({k: v.contiguous() for k, v in weights.items()}, str(target / "model.safetensors"), metadata={"format": "pt"})
+    return losses
+
+
+def _checkpoint_name(name: str) -> str:
+    """An offline tensor's name in V3's checkpoint."""
+    if name == "final_layernorm":
+        return f"{MTP_PREFIX}shared_head.norm.weight"
+    if name in ("enorm", "hnorm", "eh_proj", "input_layernorm", "post_attention_layernorm"):
+        return f"{MTP_PREFIX}{name}.weight"
+    if name.endswith(".e_score_correction_bias"):
+        return f"{MTP_PREFIX}mlp.{name}"
+    group = "mlp." if name.startswith(("gate", "experts.", "shared_experts.", "up_proj", "down_proj")) else "self_attn."
+    return f"{MTP_PREFIX}{group}{name}.weight"
