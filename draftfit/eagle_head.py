@@ -43,10 +43,11 @@ MiMo's model returns it un-normed) and in its layer (see the class). vLLM's MiMo
 *served* model's config, so the layer rides inside its target: a layer trained here is written into
 a copy of the target in MiMo's layout, served in the target's place.
 
-DeepSeek-V3's MTP layer (``deepseek_mtp.py``, :class:`DeepSeekMTPHead`) is read from its target
-(``model.layers.{L}.*``): it reads the target's *normed* last hidden state, projects
-``[embedding, state]`` (the other order from MiMo's), runs a DeepSeek decoder layer (latent
-attention, experts) and feeds its normed output back.
+DeepSeek-V3's and GLM-4.5's MTP layers (``deepseek_mtp.py``, ``glm4_moe_mtp.py``;
+:class:`DeepSeekMTPHead`, :class:`Glm4MoeMTPHead`) are read from their target (``model.layers.{L}.*``):
+they read the target's *normed* last hidden state, project ``[embedding, state]`` (the other order
+from MiMo's) into a decoder layer of their family (latent or grouped-query attention, experts), and
+feed back their normed output (DeepSeek) or the sum before that norm (GLM).
 """
 
 from __future__ import annotations
@@ -177,12 +178,13 @@ def _eagle1_config(raw: dict[str, Any], directory: Path) -> HeadConfig:
 MTP_ARCHITECTURE = "MiMoForCausalLM"  # the layout a layer trained here is written in
 DEEPSEEK_MTP_ARCHITECTURE = "DeepseekV3ForCausalLM"
 DEEPSEEK_MTP_MODEL_TYPE = "deepseek_v3"  # what vLLM maps to its deepseek_mtp proposer (V3.2's sparse one aside)
+GLM_MTP_ARCHITECTURE = "Glm4MoeForCausalLM"  # GLM-4.5 / 4.6: vLLM's glm4_moe_mtp
 
 
 def mtp_layout(raw: dict[str, Any]) -> str | None:
     """The architecture naming the MTP layout this version runs offline for a target's config, or None."""
     arch = (raw.get("architectures") or [None])[0]
-    if arch == MTP_ARCHITECTURE:
+    if arch in (MTP_ARCHITECTURE, GLM_MTP_ARCHITECTURE):
         return arch
     if arch == DEEPSEEK_MTP_ARCHITECTURE and raw.get("model_type") == DEEPSEEK_MTP_MODEL_TYPE:
         return arch
@@ -190,16 +192,20 @@ def mtp_layout(raw: dict[str, Any]) -> str | None:
 
 
 def _mtp_config(raw: dict[str, Any], directory: Path) -> HeadConfig:
-    """The MTP layer of a target in MiMo's layout (Qwen2's decoder layer, q/k/v biases) or DeepSeek-V3's
-    (an MLA decoder layer, dense or MoE), with the target's own sizes, ``num_nextn_predict_layers`` of them."""
+    """The MTP layer of a target in MiMo's layout (Qwen2's decoder layer, q/k/v biases), DeepSeek-V3's
+    (an MLA decoder layer, dense or MoE) or GLM-4.5's (GLM's decoder layer), with the target's own
+    sizes, ``num_nextn_predict_layers`` of them."""
     arch = mtp_layout(raw)
     if arch is None:
         raise DraftfitError(f"the target's MTP layers ({(raw.get('architectures') or [None])[0]}, model_type "
                             f"{raw.get('model_type')!r}) are not modelled offline by this draftfit version, which runs "
-                            f"{MTP_ARCHITECTURE}'s layout (vLLM's mimo_mtp) and DeepSeek-V3's (deepseek_mtp)",
+                            f"{MTP_ARCHITECTURE}'s layout (vLLM's mimo_mtp), DeepSeek-V3's (deepseek_mtp) and GLM-4.5's "
+                            "(glm4_moe_mtp)",
                             where=str(directory), fix="Measure this target's MTP with `draftfit verify`")
     if arch == DEEPSEEK_MTP_ARCHITECTURE:
         fields = _deepseek_fields(raw, directory)
+    elif arch == GLM_MTP_ARCHITECTURE:
+        fields = _layer_fields(raw, directory)
     else:
         fields = _layer_fields(raw, directory) | {"attention_bias": True}
     fields["num_layers"] = int(raw.get("num_nextn_predict_layers") or 0)
@@ -753,64 +759,42 @@ class MTPHead(Eagle3Head):
         return out, out
 
 
-class DeepSeekMTPHead(MTPHead):
-    """A DeepSeek-V3 target's MTP layer (vLLM's ``deepseek_mtp.py``), chained as an EAGLE head is.
-
-    The layer reads ``eh_proj([enorm(embed(token)), hnorm(state)])`` — the embedding zeroed at
-    position 0 — through one DeepSeek decoder layer: multi-head latent attention (the query direct
-    or through its low-rank ``q_a``/``q_b``; keys and values expanded per head from the normed
-    latent by ``kv_b_proj``, plus one rotary key shared by all heads, rotated in interleaved pairs;
-    softmax scale ``qk_head_dim^-½``, times YaRN's mscale² under YaRN) and a dense MLP or a
-    mixture of experts (grouped top-k routing, sigmoid or softmax scores, the correction bias for
-    choosing only, renormalised, times ``routed_scaling_factor``, plus the shared experts). The
-    residual sum through ``shared_head.norm`` is both what the target's LM head reads and the next
-    step's state. The first pass reads the target's normed last hidden state (what DeepSeek's model
-    returns). vLLM shares the target's embedding and LM head with the layer.
+class EhProjMTPHead(MTPHead):
+    """What DeepSeek-V3's and GLM-4.5's MTP layers share (vLLM's ``deepseek_mtp.py``,
+    ``glm4_moe_mtp.py``): read from the target as ``model.layers.{L}.*`` (L its number of decoder
+    layers), the layer reads ``eh_proj([enorm(embed(token)), hnorm(state)])`` — the embedding
+    zeroed at position 0 — through one decoder layer of the target's family whose MLP is dense or a
+    mixture of experts (grouped top-k routing, the correction bias for choosing only, renormalised,
+    times ``routed_scaling_factor``, plus the shared experts), and ``shared_head.norm`` of the
+    residual sum is what the target's LM head reads. The first pass reads the target's normed last
+    hidden state (what both models return). vLLM shares the target's embedding and LM head.
     """
 
-    PARAMS = ("enorm", "hnorm", "eh_proj", "input_layernorm", "kv_a_proj_with_mqa", "kv_a_layernorm", "kv_b_proj",
-              "o_proj", "post_attention_layernorm", "final_layernorm")
+    PARAMS = ("enorm", "hnorm", "eh_proj", "input_layernorm", "o_proj", "post_attention_layernorm", "final_layernorm")
+    FAMILY = ""
 
     def __init__(self, config: HeadConfig, tensors: dict[str, Any], embed, d2t=None, *, model: dict[str, Any]):
-        """``model``: the target's ``config.json`` (the latent sizes, the experts, the RoPE)."""
+        """``model``: the target's ``config.json`` (the attention's sizes, the experts, the RoPE)."""
         super().__init__(config, tensors, embed, d2t)
         m = model
-        self.nope, self.rope_dim = int(m["qk_nope_head_dim"]), int(m["qk_rope_head_dim"])
-        self.v_dim, self.lora = int(m["v_head_dim"]), int(m["kv_lora_rank"])
-        self.scale = (self.nope + self.rope_dim) ** -0.5
-        self.rope_gain = 1.0
-        rope = m.get("rope_scaling") or m.get("rope_parameters") or {}
-        if (rope.get("rope_type") or rope.get("type")) == "yarn":
-            self._yarn(m, rope)
         layer = int(m["num_hidden_layers"])  # the MTP layer's index: vLLM's decoder layer picks its MLP by it
         self.moe = (m.get("n_routed_experts") is not None and layer >= int(m.get("first_k_dense_replace") or 0)
                     and layer % int(m.get("moe_layer_freq") or 1) == 0)
         self.routing = {"top_k": int(m.get("num_experts_per_tok") or 1), "groups": int(m.get("n_group") or 1),
                         "topk_group": int(m.get("topk_group") or 1), "renormalize": bool(m.get("norm_topk_prob", True)),
-                        "scoring": m.get("scoring_func") or "softmax",
-                        "scale": float(m.get("routed_scaling_factor") or 1.0),
-                        "experts": int(m.get("n_routed_experts") or 0)}
+                        "scoring": self._scoring(m), "scale": float(m.get("routed_scaling_factor") or 1.0)}
 
-    def _yarn(self, model: dict[str, Any], rope: dict[str, Any]) -> None:
-        """DeepSeek's YaRN: transformers' frequencies and cos/sin gain; the softmax scale times
-        ``yarn_get_mscale(factor, mscale_all_dim)²``."""
-        import math
-
-        from transformers import AutoConfig
-        from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
-
-        hf = AutoConfig.for_model(model["model_type"], **{k: v for k, v in model.items()
-                                                           if k not in ("model_type", "architectures", "auto_map")})
-        inv, gain = ROPE_INIT_FUNCTIONS["yarn"](hf)
-        self.inv_freq, self.rope_gain = inv.float(), float(gain)
-        factor, all_dim = float(rope["factor"]), float(rope.get("mscale_all_dim") or 0.0)
-        if all_dim and factor > 1:
-            self.scale *= (0.1 * all_dim * math.log(factor) + 1.0) ** 2
+    @staticmethod
+    def _scoring(model: dict[str, Any]) -> str:
+        return model.get("scoring_func") or "softmax"
 
     @classmethod
-    def load(cls, directory: Path, target_dir: Path | None = None) -> DeepSeekMTPHead:
-        """The first MTP layer of the DeepSeek-V3 checkpoint ``directory`` (``model.layers.{L}.*``,
-        L its number of decoder layers), with that checkpoint's embeddings and LM head."""
+    def _attention_params(cls, raw: dict[str, Any]) -> tuple[str, ...]:
+        raise NotImplementedError
+
+    @classmethod
+    def load(cls, directory: Path, target_dir: Path | None = None) -> EhProjMTPHead:
+        """The first MTP layer of the checkpoint ``directory``, with its embeddings and LM head."""
         from safetensors import safe_open
 
         directory = Path(directory)
@@ -828,18 +812,17 @@ class DeepSeekMTPHead(MTPHead):
                     for group in ("self_attn.", "mlp."):
                         key = key.removeprefix(group)
                     named[key.removesuffix(".weight")] = handle.get_tensor(name).float()
-        query = ("q_proj",) if raw.get("q_lora_rank") is None else ("q_a_proj", "q_a_layernorm", "q_b_proj")
         head = cls(config, named, target_embeddings(directory), model=raw)
         mlp = ("gate", "experts.0.gate_proj") if head.moe else ("gate_proj", "up_proj", "down_proj")
-        missing = [p for p in (*cls.PARAMS, *query, *mlp) if p not in named]
+        missing = [p for p in (*cls.PARAMS, *cls._attention_params(raw), *mlp) if p not in named]
         if missing:
             raise DraftfitError(f"the checkpoint's MTP layer lacks {', '.join(missing)}", where=str(directory),
-                                fix=f"Use a DeepSeek-V3 checkpoint with its {prefix}* tensors")
+                                fix=f"Use a {cls.FAMILY} checkpoint with its {prefix}* tensors")
         head.t["lm_head"] = head.embed if raw.get("tie_word_embeddings") else target_lm_head(directory)
         return head
 
     def save(self, *args, **kwargs) -> None:
-        raise DraftfitError("a DeepSeek-V3 MTP layer is read from its target, not written by this draftfit version",
+        raise DraftfitError(f"a {self.FAMILY} MTP layer is read from its target, not written by this draftfit version",
                             fix="Train MTP layers here for a Llama or Qwen2 target (written in MiMo's layout)")
 
     def _layer_input(self, tokens, hidden, positions):
@@ -850,33 +833,6 @@ class DeepSeekMTPHead(MTPHead):
         x = torch.cat([_rms(e, t["enorm"], c.rms_norm_eps), _rms(hidden, t["hnorm"], c.rms_norm_eps)], dim=-1)
         x = x @ t["eh_proj"].T
         return _rms(x, t["input_layernorm"], c.rms_norm_eps), x
-
-    def _rope(self, x, positions):
-        """GPT-J-style rotary embedding (interleaved pairs, vLLM's ``is_neox_style=False``), cos/sin
-        times YaRN's gain."""
-        torch = _torch()
-        freqs = positions.float()[..., None] * self.inv_freq  # [..., n, rope/2]
-        cos, sin = (freqs.cos() * self.rope_gain)[..., None, :], (freqs.sin() * self.rope_gain)[..., None, :]
-        even, odd = x[..., 0::2], x[..., 1::2]
-        return torch.stack([even * cos - odd * sin, odd * cos + even * sin], dim=-1).flatten(-2)
-
-    def _qkv(self, tokens, hidden, positions):
-        """MLA's per-head q, k (the no-RoPE part from the latent, the shared rotary key) and v."""
-        torch = _torch()
-        c, t = self.config, self.t
-        x, residual = self._layer_input(tokens, hidden, positions)
-        shape = x.shape[:-1]
-        if "q_proj" in t:
-            q = x @ t["q_proj"].T
-        else:
-            q = _rms(x @ t["q_a_proj"].T, t["q_a_layernorm"], c.rms_norm_eps) @ t["q_b_proj"].T
-        q = q.view(*shape, c.num_heads, self.nope + self.rope_dim)
-        latent, k_pe = (x @ t["kv_a_proj_with_mqa"].T).split([self.lora, self.rope_dim], dim=-1)
-        kv = (_rms(latent, t["kv_a_layernorm"], c.rms_norm_eps) @ t["kv_b_proj"].T).view(*shape, c.num_heads, -1)
-        k_nope, v = kv.split([self.nope, self.v_dim], dim=-1)
-        k_pe = self._rope(k_pe[..., None, :], positions).expand(*shape, c.num_heads, self.rope_dim)
-        q = torch.cat([q[..., : self.nope], self._rope(q[..., self.nope :], positions)], dim=-1)
-        return q, torch.cat([k_nope, k_pe], dim=-1), v, residual
 
     def _mlp(self, x):
         """The dense MLP, or vLLM's grouped top-k routing over the routed experts plus the shared experts."""
@@ -907,6 +863,135 @@ class DeepSeekMTPHead(MTPHead):
         return out.view(x.shape)
 
 
+class DeepSeekMTPHead(EhProjMTPHead):
+    """A DeepSeek-V3 target's MTP layer (vLLM's ``deepseek_mtp.py``; :class:`EhProjMTPHead` for what
+    it shares with GLM's), chained as an EAGLE head is.
+
+    Its decoder layer's attention is multi-head latent attention: the query direct or through its
+    low-rank ``q_a``/``q_b``; keys and values expanded per head from the normed latent by
+    ``kv_b_proj``, plus one rotary key shared by all heads, rotated in interleaved pairs; softmax
+    scale ``qk_head_dim^-½``, times YaRN's mscale² under YaRN. The normed output is both what the
+    LM head reads and the next step's state (the model returns the two).
+    """
+
+    PARAMS = (*EhProjMTPHead.PARAMS, "kv_a_proj_with_mqa", "kv_a_layernorm", "kv_b_proj")
+    FAMILY = "DeepSeek-V3"
+
+    def __init__(self, config: HeadConfig, tensors: dict[str, Any], embed, d2t=None, *, model: dict[str, Any]):
+        super().__init__(config, tensors, embed, d2t, model=model)
+        m = model
+        self.nope, self.rope_dim = int(m["qk_nope_head_dim"]), int(m["qk_rope_head_dim"])
+        self.v_dim, self.lora = int(m["v_head_dim"]), int(m["kv_lora_rank"])
+        self.scale = (self.nope + self.rope_dim) ** -0.5
+        self.rope_gain = 1.0
+        rope = m.get("rope_scaling") or m.get("rope_parameters") or {}
+        if (rope.get("rope_type") or rope.get("type")) == "yarn":
+            self._yarn(m, rope)
+
+    @classmethod
+    def _attention_params(cls, raw: dict[str, Any]) -> tuple[str, ...]:
+        return ("q_proj",) if raw.get("q_lora_rank") is None else ("q_a_proj", "q_a_layernorm", "q_b_proj")
+
+    def _yarn(self, model: dict[str, Any], rope: dict[str, Any]) -> None:
+        """DeepSeek's YaRN: transformers' frequencies and cos/sin gain; the softmax scale times
+        ``yarn_get_mscale(factor, mscale_all_dim)²``."""
+        import math
+
+        from transformers import AutoConfig
+        from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+        hf = AutoConfig.for_model(model["model_type"], **{k: v for k, v in model.items()
+                                                           if k not in ("model_type", "architectures", "auto_map")})
+        inv, gain = ROPE_INIT_FUNCTIONS["yarn"](hf)
+        self.inv_freq, self.rope_gain = inv.float(), float(gain)
+        factor, all_dim = float(rope["factor"]), float(rope.get("mscale_all_dim") or 0.0)
+        if all_dim and factor > 1:
+            self.scale *= (0.1 * all_dim * math.log(factor) + 1.0) ** 2
+
+    def _rope(self, x, positions):
+        """GPT-J-style rotary embedding (interleaved pairs, vLLM's ``is_neox_style=False``), cos/sin
+        times YaRN's gain."""
+        torch = _torch()
+        freqs = positions.float()[..., None] * self.inv_freq  # [..., n, rope/2]
+        cos, sin = (freqs.cos() * self.rope_gain)[..., None, :], (freqs.sin() * self.rope_gain)[..., None, :]
+        even, odd = x[..., 0::2], x[..., 1::2]
+        return torch.stack([even * cos - odd * sin, odd * cos + even * sin], dim=-1).flatten(-2)
+
+    def _qkv(self, tokens, hidden, positions):
+        """MLA's per-head q, k (the no-RoPE part from the latent, the shared rotary key) and v."""
+        torch = _torch()
+        c, t = self.config, self.t
+        x, residual = self._layer_input(tokens, hidden, positions)
+        shape = x.shape[:-1]
+        if "q_proj" in t:
+            q = x @ t["q_proj"].T
+        else:
+            q = _rms(x @ t["q_a_proj"].T, t["q_a_layernorm"], c.rms_norm_eps) @ t["q_b_proj"].T
+        q = q.view(*shape, c.num_heads, self.nope + self.rope_dim)
+        latent, k_pe = (x @ t["kv_a_proj_with_mqa"].T).split([self.lora, self.rope_dim], dim=-1)
+        kv = (_rms(latent, t["kv_a_layernorm"], c.rms_norm_eps) @ t["kv_b_proj"].T).view(*shape, c.num_heads, -1)
+        k_nope, v = kv.split([self.nope, self.v_dim], dim=-1)
+        k_pe = self._rope(k_pe[..., None, :], positions).expand(*shape, c.num_heads, self.rope_dim)
+        q = torch.cat([q[..., : self.nope], self._rope(q[..., self.nope :], positions)], dim=-1)
+        return q, torch.cat([k_nope, k_pe], dim=-1), v, residual
+
+
+class Glm4MoeMTPHead(EhProjMTPHead):
+    """A GLM-4.5 target's MTP layer (vLLM's ``glm4_moe_mtp.py``; :class:`EhProjMTPHead` for what it
+    shares with DeepSeek's), chained as an EAGLE head is.
+
+    Its decoder layer's attention is GLM's grouped-query attention: q/k/v biases (``attention_bias``),
+    optional per-head q/k RMS norms (``use_qk_norm``), neox RoPE on the first
+    ``partial_rotary_factor`` (default ½) of each head. The routing scores are always sigmoid. The
+    layer returns the residual sum *before* ``shared_head.norm``: that is the next step's state, its
+    norm what the LM head reads.
+    """
+
+    PARAMS = (*EhProjMTPHead.PARAMS, "q_proj", "k_proj", "v_proj")
+    FAMILY = "GLM-4.5"
+
+    def __init__(self, config: HeadConfig, tensors: dict[str, Any], embed, d2t=None, *, model: dict[str, Any]):
+        super().__init__(config, tensors, embed, d2t, model=model)
+        torch = _torch()
+        rope = model.get("rope_parameters") or model.get("rope_scaling") or {}
+        factor = float(rope.get("partial_rotary_factor") or model.get("partial_rotary_factor") or 0.5)
+        self.rotary_dim = int(config.head_dim * factor)
+        steps = torch.arange(0, self.rotary_dim, 2, dtype=torch.float64) / self.rotary_dim
+        self.inv_freq = (1.0 / (config.rope_theta ** steps)).float()
+
+    @staticmethod
+    def _scoring(model: dict[str, Any]) -> str:
+        return "sigmoid"
+
+    @classmethod
+    def _attention_params(cls, raw: dict[str, Any]) -> tuple[str, ...]:
+        biases = ("q_proj.bias", "k_proj.bias", "v_proj.bias") if raw.get("attention_bias") else ()
+        return biases + (("q_norm", "k_norm") if raw.get("use_qk_norm") else ())
+
+    def _rope(self, x, positions):
+        """Neox RoPE on the first ``rotary_dim`` of each head; the rest passes."""
+        rot = self.rotary_dim
+        return _torch().cat([super()._rope(x[..., :rot], positions), x[..., rot:]], dim=-1)
+
+    def _qkv(self, tokens, hidden, positions):
+        c, t = self.config, self.t
+        x, residual = self._layer_input(tokens, hidden, positions)
+        shape = x.shape[:-1]
+        q, k, v = x @ t["q_proj"].T, x @ t["k_proj"].T, x @ t["v_proj"].T
+        if c.attention_bias:
+            q, k, v = q + t["q_proj.bias"], k + t["k_proj.bias"], v + t["v_proj.bias"]
+        q = q.view(*shape, c.num_heads, c.head_dim)
+        k = k.view(*shape, c.num_kv_heads, c.head_dim)
+        if "q_norm" in t:
+            q, k = _rms(q, t["q_norm"], c.rms_norm_eps), _rms(k, t["k_norm"], c.rms_norm_eps)
+        return self._rope(q, positions), self._rope(k, positions), v.view(*shape, c.num_kv_heads, c.head_dim), residual
+
+    def _finish(self, attn, residual):
+        """``shared_head.norm`` of the residual sum for the LM head; the sum itself fed onwards."""
+        prenorm = self._block(attn, residual)
+        return _rms(prenorm, self.t["final_layernorm"], self.config.rms_norm_eps), prenorm
+
+
 def _mlp(t: dict[str, Any], prefix: str, x):
     """A SiLU-gated MLP of tensors ``{prefix}gate_proj`` / ``up_proj`` / ``down_proj``."""
     torch = _torch()
@@ -914,7 +999,7 @@ def _mlp(t: dict[str, Any], prefix: str, x):
 
 
 HEADS = {cls.METHOD: cls for cls in (Eagle3Head, EagleHead, MTPHead)}
-MTP_LAYOUTS = {MTP_ARCHITECTURE: MTPHead, DEEPSEEK_MTP_ARCHITECTURE: DeepSeekMTPHead}
+MTP_LAYOUTS = {MTP_ARCHITECTURE: MTPHead, DEEPSEEK_MTP_ARCHITECTURE: DeepSeekMTPHead, GLM_MTP_ARCHITECTURE: Glm4MoeMTPHead}
 
 
 def load_head(directory: Path, target_dir: Path | None = None, method: str | None = None) -> Eagle3Head:

@@ -480,11 +480,16 @@ def _estimate_params(
         bias = (width * (mats - 1) + hidden) if cfg.get("mlp_bias") else 0
         return mats * hidden * width + bias
 
+    # DeepSeek / GLM: the first `first_k_dense_replace` layers have a dense MLP, the rest experts
+    dense_layers = min(int(cfg.get("first_k_dense_replace") or 0), layers) if n_experts else layers
+    moe_layers = layers - dense_layers
     if n_experts:
         expert_width = int(_first(cfg, "moe_intermediate_size", default=intermediate))
         router = hidden * n_experts
         shared_width = int(_first(cfg, "shared_expert_intermediate_size", default=0) or 0)
-        shared = mlp(shared_width) + hidden if shared_width else 0  # shared expert + its gate
+        shared = mlp(shared_width) + hidden if shared_width else 0  # shared expert + its gate (Qwen-MoE)
+        if not shared_width and cfg.get("n_shared_experts"):  # DeepSeek / GLM: shared experts of the routed width
+            shared = mlp(int(cfg["n_shared_experts"]) * expert_width)
         mlp_total = n_experts * mlp(expert_width) + router + shared
         mlp_active = max(per_token, 1) * mlp(expert_width) + router + shared
     else:
@@ -498,10 +503,11 @@ def _estimate_params(
     if model_type in {"gpt2", "opt", "gpt_bigcode"}:
         positions = int(_first(cfg, "n_positions", "max_position_embeddings", default=0)) * hidden
 
-    total = embed + head + final_norm + positions + layers * (attn + mlp_total + norms)
-    active = embed + head + final_norm + positions + layers * (attn + mlp_active + norms)
-    experts = layers * n_experts * mlp(int(_first(cfg, "moe_intermediate_size", default=intermediate))) if n_experts else 0
-    small = final_norm + layers * (norms + (hidden * n_experts if n_experts else 0))
+    dense = dense_layers * mlp(intermediate)
+    total = embed + head + final_norm + positions + layers * (attn + norms) + dense + moe_layers * mlp_total
+    active = embed + head + final_norm + positions + layers * (attn + norms) + dense + moe_layers * mlp_active
+    experts = moe_layers * n_experts * mlp(int(_first(cfg, "moe_intermediate_size", default=intermediate))) if n_experts else 0
+    small = final_norm + layers * norms + moe_layers * (hidden * n_experts if n_experts else 0)
     return float(total), float(active), float(experts), float(small)
 
 

@@ -216,6 +216,28 @@ def test_mixture_of_experts_active_params():
     assert shape.active_params == pytest.approx(12.9e9, rel=0.01)
 
 
+DEEPSEEK_V3 = {  # its config.json's sizes
+    "model_type": "deepseek_v3", "hidden_size": 7168, "num_hidden_layers": 61, "num_attention_heads": 128,
+    "num_key_value_heads": 128, "q_lora_rank": 1536, "kv_lora_rank": 512, "qk_nope_head_dim": 128,
+    "qk_rope_head_dim": 64, "v_head_dim": 128, "intermediate_size": 18432, "moe_intermediate_size": 2048,
+    "n_routed_experts": 256, "n_shared_experts": 1, "num_experts_per_tok": 8, "first_k_dense_replace": 3,
+    "vocab_size": 129280, "tie_word_embeddings": False, "num_nextn_predict_layers": 1,
+}
+
+
+def test_deepseek_v3_dense_layers_and_shared_experts():
+    """Published (DeepSeek-V3 Technical Report, arXiv 2412.19437): "671B total parameters with 37B
+    activated for each token"; the MTP module 14B of the 685B checkpoint (README, "including 14B of
+    the Multi-Token Prediction (MTP) Module weights")."""
+    shape = ModelShape.from_config(DEEPSEEK_V3)
+    assert shape.params == pytest.approx(671e9, rel=0.01)
+    assert shape.active_params == pytest.approx(37e9, rel=0.02)
+    from draftfit.methods import get_method
+
+    mtp = get_method("mtp").draft_shape(DEEPSEEK_V3, "DeepSeek-V3 MTP")  # one MoE layer, its embedding and head
+    assert mtp.params == pytest.approx(14e9, rel=0.05)
+
+
 def test_given_param_count_wins():
     shape = ModelShape.from_config(load_config("llama-3.1-8b-config.json"), params=8.0e9)
     assert shape.params == 8.0e9 and shape.params_source == "given"

@@ -2,8 +2,9 @@
 run as vLLM's MTP proposer: a layer over the target's last hidden state and the next token's
 embedding, sharing the target's embedding and LM head, chained k times.
 
-Offline (draftfit.eagle_head) in MiMo's layout (vLLM's ``mimo_mtp``, ``MTPHead``) and DeepSeek-V3's
-(``deepseek_mtp``, ``DeepSeekMTPHead``), chained as an EAGLE head is; other MTP layouts are checked
+Offline (draftfit.eagle_head) in MiMo's layout (vLLM's ``mimo_mtp``, ``MTPHead``), DeepSeek-V3's
+(``deepseek_mtp``, ``DeepSeekMTPHead``) and GLM-4.5's (``glm4_moe_mtp``, ``Glm4MoeMTPHead``),
+chained as an EAGLE head is; other MTP layouts are checked
 and deployed, and measured with `verify`. ``trained:`` writes an MTP layer trained here
 (draftfit.train_head) into a copy of the target in MiMo's layout: that checkpoint is served in the
 target's place, and its own outputs are the target's.
@@ -60,7 +61,7 @@ class MTP(EagleFamily):
         if mtp_layout(config) is None:
             plan.skip_reason = (f"the MTP layers of {(config.get('architectures') or ['?'])[0]} (model_type "
                                 f"{config.get('model_type')!r}) are not predicted offline by this draftfit version (it runs "
-                                "MiMo's and DeepSeek-V3's layouts); measure them with `draftfit verify`")
+                                "MiMo's, DeepSeek-V3's and GLM-4.5's layouts); measure them with `draftfit verify`")
             return plan
         plan.draft_ref = ref
         return plan
@@ -91,7 +92,8 @@ class MTP(EagleFamily):
         layer of the target plus its input projection (2·hidden → hidden); vLLM runs a layer once
         per drafted token."""
         layers = next((int(config[key]) for key in MTP_LAYER_KEYS if config.get(key)), 1)
-        shape = super(EagleFamily, self).draft_shape({**config, "num_hidden_layers": layers}, name)
+        # the MTP layers come after every target layer: experts wherever the target's later layers have them
+        shape = super(EagleFamily, self).draft_shape({**config, "num_hidden_layers": layers, "first_k_dense_replace": 0}, name)
         return with_extra_params(shape, layers * 2.0 * shape.hidden_size * shape.hidden_size)
 
     def label(self, draft: dict[str, Any]) -> str:

@@ -1,36 +1,53 @@
-"""DeepSeek-V3's MTP layout offline (multi-head latent attention, YaRN, a grouped mixture of experts)
-against vLLM's own counters, on a tiny DeepSeek-V3 target built and trained in the session
-(tests/tiny_deepseek.py); how rank plans MTP candidates of each layout."""
+"""DeepSeek-V3's and GLM-4.5's MTP layouts offline (latent or grouped-query attention, a mixture of
+experts) against vLLM's own counters, on tiny targets of each family built and trained in the session
+(tests/tiny_mtp_targets.py); how rank plans MTP candidates of each layout."""
 
 from __future__ import annotations
 
 import json
 
 import pytest
-import tiny_deepseek
+import tiny_mtp_targets
 import torch
 
-from draftfit.eagle_head import DeepSeekMTPHead, MTPHead, load_head, mtp_layout, read_config
+from draftfit.eagle_head import (
+    DeepSeekMTPHead,
+    Glm4MoeMTPHead,
+    MTPHead,
+    load_head,
+    mtp_layout,
+    read_config,
+)
 
 MAX_TOKENS, K, HELD_OUT = 48, 3, 12
 TRAINING_PROMPTS, TRAINING_STEPS = 278, 1000  # every demo prompt not held back
 AL_FLOOR, AL_TOLERANCE_T0 = 1.3, 0.03  # the issue's floor and tolerance at temperature 0
 
 
-@pytest.fixture(scope="module")
-def tiny_target(tmp_path_factory, smollm2_model):
-    return tiny_deepseek.build(tmp_path_factory.mktemp("tiny-deepseek-v3"), smollm2_model)
+@pytest.fixture(scope="module", params=tiny_mtp_targets.FAMILIES)
+def tiny_target(request, tmp_path_factory, smollm2_model):
+    return tiny_mtp_targets.build(tmp_path_factory.mktemp(f"tiny-{request.param}"), smollm2_model, request.param)
+
+
+LAYER_TENSORS = {
+    "DeepseekV3ForCausalLM": (DeepSeekMTPHead, {"q_a_proj", "q_b_proj", "kv_b_proj"}),
+    "Glm4MoeForCausalLM": (Glm4MoeMTPHead, {"q_proj.bias", "k_proj", "q_norm", "k_norm"}),
+}
 
 
 def test_the_layout_is_read_from_the_targets_config(tiny_target):
     config, raw = read_config(tiny_target, "mtp")
-    assert config.architecture == "DeepseekV3ForCausalLM" and config.num_layers == 1
-    assert not config.before_final_norm  # DeepSeek's model returns its normed last hidden state
+    assert config.architecture == raw["architectures"][0] and config.num_layers == 1
+    assert not config.before_final_norm  # both models return their normed last hidden state
     head = load_head(tiny_target, None, "mtp")
-    assert isinstance(head, DeepSeekMTPHead) and head.moe  # the layer after the dense ones has experts
-    assert head.scale > (64 + 64) ** -0.5  # YaRN's mscale² on the softmax scale
-    assert {"q_a_proj", "q_b_proj", "kv_b_proj", "gate", "gate.e_score_correction_bias", "experts.7.down_proj",
-            "shared_experts.up_proj", "eh_proj", "final_layernorm"} <= set(head.t)
+    cls, attention = LAYER_TENSORS[config.architecture]
+    assert type(head) is cls and head.moe  # the layer after the dense ones has experts
+    if cls is DeepSeekMTPHead:
+        assert head.scale > (64 + 64) ** -0.5  # YaRN's mscale² on the softmax scale
+    else:
+        assert head.rotary_dim == 32 and head.routing["scoring"] == "sigmoid"  # half of each head; GLM's scores
+    assert attention | {"gate", "gate.e_score_correction_bias", "experts.7.down_proj", "shared_experts.up_proj",
+                        "eh_proj", "final_layernorm"} <= set(head.t)
 
 
 @pytest.mark.parametrize("arch, model_type, layout", [
@@ -39,7 +56,8 @@ def test_the_layout_is_read_from_the_targets_config(tiny_target):
     ("DeepseekV3ForCausalLM", "deepseek_v3", "DeepseekV3ForCausalLM"),
     ("DeepseekV3ForCausalLM", "kimi_k2", None),  # vLLM maps only deepseek_v3 to its deepseek_mtp
     ("DeepseekV32ForCausalLM", "deepseek_v32", None),  # sparse attention: no CPU kernel, not modelled
-    ("Glm4MoeForCausalLM", "glm4_moe", None),
+    ("Glm4MoeForCausalLM", "glm4_moe", "Glm4MoeForCausalLM"),
+    ("Glm4MoeLiteForCausalLM", "glm4_moe_lite", None),
     ("Qwen3NextForCausalLM", "qwen3_next", None),
 ])
 def test_which_mtp_layouts_run_offline(arch, model_type, layout, tmp_path):
@@ -53,23 +71,25 @@ def test_which_mtp_layouts_run_offline(arch, model_type, layout, tmp_path):
 
 
 def test_another_layers_pass_drafts_other_tokens(tiny_target):
-    """MiMo's pass over the same tensors (hidden first in the projection, per-head keys of Llama's
-    shape) is not DeepSeek's: the offline layer is not blind to its layout."""
+    """The projection read the other way round, [hidden, embedding] (MiMo's order), drafts other
+    tokens: the offline layer is not blind to its layout."""
     head = load_head(tiny_target, None, "mtp")
     g = torch.Generator().manual_seed(0)
     seq = torch.randint(0, 49152, (40,), generator=g).numpy()
-    states = torch.randn(40, tiny_deepseek.HIDDEN, generator=g)
+    states = torch.randn(40, tiny_mtp_targets.HIDDEN, generator=g)
     chains = head.greedy_chains(seq, states, 3, 30, 3)
     swapped = head.t["eh_proj"].clone()
-    h = tiny_deepseek.HIDDEN
+    h = tiny_mtp_targets.HIDDEN
     head.t["eh_proj"] = torch.cat([swapped[:, h:], swapped[:, :h]], dim=1)  # [hidden, embedding]: MiMo's order
     assert (head.greedy_chains(seq, states, 3, 30, 3) != chains).any()
 
 
-def test_engine_kwargs_pick_vllm_cpus_mla_kernel_for_float32(tiny_target, smollm2_model):
+def test_engine_kwargs_pick_vllm_cpus_mla_kernel_for_float32(tmp_path_factory, smollm2_model):
     pytest.importorskip("vllm")
     from draftfit.engines.vllm_engine import cpu_mla_backend
 
+    tiny_target = tmp_path_factory.mktemp("mla-config")
+    (tiny_target / "config.json").write_text(json.dumps({"kv_lora_rank": 512, "qk_rope_head_dim": 64}))
     spec = {"method": "mtp", "num_speculative_tokens": 2}
     chosen = cpu_mla_backend(tiny_target, "float32", spec)
     assert chosen["attention_config"] == {"backend": "CPU_MLA"}
@@ -94,7 +114,7 @@ def trained_layer(tiny_target, smollm2_meta, engine_slot):
     from draftfit.trajectories import target_trajectories
 
     ref = resolve(str(tiny_target))
-    target = engine_slot.acquire(("tiny-deepseek-v3", str(tiny_target)),
+    target = engine_slot.acquire(("tiny-mtp-target", str(tiny_target)),
                                  lambda: VLLMEngine(tiny_target, dtype="float32", max_model_len=1024, progress=False))
     study = StudySettings(sample_size=HELD_OUT, max_tokens=MAX_TOKENS, max_model_len=1024)
     held = list(study_prompts(study, smollm2_meta).items)
@@ -108,7 +128,7 @@ def trained_layer(tiny_target, smollm2_meta, engine_slot):
     training = answers(list(prompts), 64)
     held_back = answers([item.input_ids for item in held], MAX_TOKENS + K)
     engine_slot.release()
-    losses = tiny_deepseek.train_mtp_layer(tiny_target, [t.sequence for t in training.trajectories],
+    losses = tiny_mtp_targets.train_mtp_layer(tiny_target, [t.sequence for t in training.trajectories],
                                            [t.response_start for t in training.trajectories], steps=TRAINING_STEPS)
     assert sum(losses[-50:]) < sum(losses[:50])  # it learned
     return held_back
@@ -116,7 +136,7 @@ def trained_layer(tiny_target, smollm2_meta, engine_slot):
 
 @pytest.mark.slow
 @pytest.mark.engine
-def test_deepseek_mtp_predicted_al_matches_vllms_counters(tiny_target, trained_layer):
+def test_mtp_layers_predicted_al_matches_vllms_counters(tiny_target, trained_layer):
     from draftfit.acceptance_walk import predict_chains, stop_positions, summarize
     from draftfit.eagle_head import head_chains
     from draftfit.engines import SamplingSpec
@@ -133,7 +153,7 @@ def test_deepseek_mtp_predicted_al_matches_vllms_counters(tiny_target, trained_l
     # greedy verification: the served target answers as it did (so the counters are of the same answers)
     assert all(list(out) == t.token_ids[: len(out)].tolist() for out, t in zip(run.output_token_ids, trajset.trajectories, strict=True))
     truth = run.counters.mean_acceptance_length
-    print(f"DeepSeek-V3 MTP layer, held-back prompts, k={K}: predicted AL {predicted:.4f}, vLLM {truth:.4f}")
+    print(f"{tiny_target.name} MTP layer, held-back prompts, k={K}: predicted AL {predicted:.4f}, vLLM {truth:.4f}")
     assert predicted >= AL_FLOOR, f"the layer trained here reached AL {predicted:.3f} < {AL_FLOOR}"
     assert predicted < K + 1  # not every draft accepted: the comparison can fail
     assert abs(predicted - truth) <= AL_TOLERANCE_T0 * truth
@@ -149,10 +169,10 @@ def test_mimo_layers_keep_their_class(tmp_path):
     assert type(load_head(out, None, "mtp")) is MTPHead
 
 
-@pytest.mark.parametrize("layout", ["deepseek_v3", "qwen3_next"])
+@pytest.mark.parametrize("layout", ["own", "qwen3_next"])
 def test_rank_plans_the_targets_own_layers_of_a_layout_it_runs(layout, tiny_target, tmp_path, smollm2_meta):
-    """A DeepSeek-V3 target's own MTP layer is planned (scored offline); a layout not modelled is
-    skipped with the reason and the fix."""
+    """A DeepSeek-V3 or GLM-4.5 target's own MTP layer is planned (scored offline); a layout not
+    modelled is skipped with the reason and the fix."""
     from draftfit.candidates import StudySettings, load_candidate
     from draftfit.methods import PlanContext, get_method
     from draftfit.refs import resolve
@@ -171,7 +191,7 @@ def test_rank_plans_the_targets_own_layers_of_a_layout_it_runs(layout, tiny_targ
     candidate, _ = load_candidate(path)
     ref = resolve(str(target))
     plan = get_method("mtp").plan(candidate, PlanContext(ref, smollm2_meta, StudySettings()))
-    if layout == "deepseek_v3":
+    if layout == "own":
         assert plan.skip_reason is None and plan.draft_ref == ref and plan.check["verdict"] == "compatible"
     else:
         assert "are not predicted offline" in plan.skip_reason and "draftfit verify" in plan.skip_reason
