@@ -103,7 +103,7 @@ class HeadConfig:
     def before_final_norm(self) -> bool:
         """MiMo's model hands its MTP layer the last layer's output before the final norm (its
         ``compute_logits`` applies the norm); Llama's hands EAGLE-1 the normed output, DeepSeek's
-        its MTP layer too."""
+        and GLM's their MTP layers too."""
         return self.method == "mtp" and self.architecture == MTP_ARCHITECTURE
 
     def to_dict(self) -> dict[str, Any]:
