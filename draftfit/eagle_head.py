@@ -665,19 +665,9 @@ class MTPHead(Eagle3Head):
     def load(cls, directory: Path, target_dir: Path | None = None) -> MTPHead:
         """The MTP layer of the MiMo-layout checkpoint ``directory`` (the target that carries it),
         with that checkpoint's embeddings and LM head."""
-        from safetensors import safe_open
-
         directory = Path(directory)
         config, raw = read_config(directory, cls.METHOD)
-        named: dict[str, Any] = {}
-        for f in sorted(directory.glob("*.safetensors")):
-            with safe_open(str(f), "pt") as handle:
-                for name in handle.keys():
-                    if name.startswith(MTP_PREFIX):
-                        key = name.removeprefix(MTP_PREFIX)
-                        for prefix in ("self_attn.", "mlp."):
-                            key = key.removeprefix(prefix)
-                        named[key.removesuffix(".weight")] = handle.get_tensor(name).float()
+        named = _layer_tensors(directory, MTP_PREFIX)
         missing = [p for p in (*cls.PARAMS[:-1], "q_proj.bias", "k_proj.bias", "v_proj.bias") if p not in named]
         if missing:
             raise DraftfitError(f"the checkpoint's MTP layer lacks {', '.join(missing)}", where=str(directory),
@@ -795,23 +785,12 @@ class EhProjMTPHead(MTPHead):
     @classmethod
     def load(cls, directory: Path, target_dir: Path | None = None) -> EhProjMTPHead:
         """The first MTP layer of the checkpoint ``directory``, with its embeddings and LM head."""
-        from safetensors import safe_open
-
         directory = Path(directory)
         config, raw = read_config(directory, cls.METHOD)
         prefix = f"model.layers.{int(raw['num_hidden_layers'])}."
-        named: dict[str, Any] = {}
-        for f in sorted(directory.glob("*.safetensors")):
-            with safe_open(str(f), "pt") as handle:
-                for name in handle.keys():
-                    if not name.startswith(prefix):
-                        continue
-                    key = name.removeprefix(prefix).replace("shared_head.norm", "final_layernorm")
-                    if key.startswith(("embed_tokens", "shared_head.head")):
-                        continue  # vLLM shares the target's
-                    for group in ("self_attn.", "mlp."):
-                        key = key.removeprefix(group)
-                    named[key.removesuffix(".weight")] = handle.get_tensor(name).float()
+        named = {key.replace("shared_head.norm", "final_layernorm"): value
+                 for key, value in _layer_tensors(directory, prefix).items()
+                 if not key.startswith(("embed_tokens", "shared_head.head"))}  # vLLM shares the target's
         head = cls(config, named, target_embeddings(directory), model=raw)
         mlp = ("gate", "experts.0.gate_proj") if head.moe else ("gate_proj", "up_proj", "down_proj")
         missing = [p for p in (*cls.PARAMS, *cls._attention_params(raw), *mlp) if p not in named]
@@ -990,6 +969,23 @@ class Glm4MoeMTPHead(EhProjMTPHead):
         """``shared_head.norm`` of the residual sum for the LM head; the sum itself fed onwards."""
         prenorm = self._block(attn, residual)
         return _rms(prenorm, self.t["final_layernorm"], self.config.rms_norm_eps), prenorm
+
+
+def _layer_tensors(directory: Path, prefix: str) -> dict[str, Any]:
+    """The checkpoint's tensors under ``prefix`` as the heads name them (no ``self_attn.`` / ``mlp.``
+    group, no ``.weight``), in float32."""
+    from safetensors import safe_open
+
+    named: dict[str, Any] = {}
+    for f in sorted(Path(directory).glob("*.safetensors")):
+        with safe_open(str(f), "pt") as handle:
+            for name in handle.keys():
+                if name.startswith(prefix):
+                    key = name.removeprefix(prefix)
+                    for group in ("self_attn.", "mlp."):
+                        key = key.removeprefix(group)
+                    named[key.removesuffix(".weight")] = handle.get_tensor(name).float()
+    return named
 
 
 def _mlp(t: dict[str, Any], prefix: str, x):
