@@ -179,6 +179,7 @@ MTP_ARCHITECTURE = "MiMoForCausalLM"  # the layout a layer trained here is writt
 DEEPSEEK_MTP_ARCHITECTURE = "DeepseekV3ForCausalLM"
 DEEPSEEK_MTP_MODEL_TYPE = "deepseek_v3"  # what vLLM maps to its deepseek_mtp proposer (V3.2's sparse one aside)
 GLM_MTP_ARCHITECTURE = "Glm4MoeForCausalLM"  # GLM-4.5 / 4.6: vLLM's glm4_moe_mtp
+OFFLINE_MTP_LAYOUTS = "MiMo's (vLLM's mimo_mtp), DeepSeek-V3's (deepseek_mtp) and GLM-4.5's (glm4_moe_mtp)"
 
 
 def mtp_layout(raw: dict[str, Any]) -> str | None:
@@ -199,8 +200,7 @@ def _mtp_config(raw: dict[str, Any], directory: Path) -> HeadConfig:
     if arch is None:
         raise DraftfitError(f"the target's MTP layers ({(raw.get('architectures') or [None])[0]}, model_type "
                             f"{raw.get('model_type')!r}) are not modelled offline by this draftfit version, which runs "
-                            f"{MTP_ARCHITECTURE}'s layout (vLLM's mimo_mtp), DeepSeek-V3's (deepseek_mtp) and GLM-4.5's "
-                            "(glm4_moe_mtp)",
+                            f"{OFFLINE_MTP_LAYOUTS} layouts",
                             where=str(directory), fix="Measure this target's MTP with `draftfit verify`")
     if arch == DEEPSEEK_MTP_ARCHITECTURE:
         fields = _deepseek_fields(raw, directory)

@@ -4,10 +4,10 @@ embedding, sharing the target's embedding and LM head, chained k times.
 
 Offline (draftfit.eagle_head) in MiMo's layout (vLLM's ``mimo_mtp``, ``MTPHead``), DeepSeek-V3's
 (``deepseek_mtp``, ``DeepSeekMTPHead``) and GLM-4.5's (``glm4_moe_mtp``, ``Glm4MoeMTPHead``),
-chained as an EAGLE head is; other MTP layouts are checked
-and deployed, and measured with `verify`. ``trained:`` writes an MTP layer trained here
-(draftfit.train_head) into a copy of the target in MiMo's layout: that checkpoint is served in the
-target's place, and its own outputs are the target's.
+chained as an EAGLE head is; other MTP layouts are checked and deployed, and measured with
+`verify`. ``trained:`` writes an MTP layer trained here (draftfit.train_head) into a copy of the
+target in MiMo's layout: that checkpoint is served in the target's place, and its own outputs are
+the target's.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ class MTP(EagleFamily):
 
     def plan(self, candidate, ctx) -> PlannedDraft:
         from draftfit.compat.heads import check_head
-        from draftfit.eagle_head import mtp_layout
+        from draftfit.eagle_head import OFFLINE_MTP_LAYOUTS, mtp_layout
         from draftfit.refs import model_dir, resolve
 
         plan = PlannedDraft(candidate, self.name)
@@ -61,7 +61,7 @@ class MTP(EagleFamily):
         if mtp_layout(config) is None:
             plan.skip_reason = (f"the MTP layers of {(config.get('architectures') or ['?'])[0]} (model_type "
                                 f"{config.get('model_type')!r}) are not predicted offline by this draftfit version (it runs "
-                                "MiMo's, DeepSeek-V3's and GLM-4.5's layouts); measure them with `draftfit verify`")
+                                f"{OFFLINE_MTP_LAYOUTS} layouts); measure them with `draftfit verify`")
             return plan
         plan.draft_ref = ref
         return plan
