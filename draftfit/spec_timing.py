@@ -247,14 +247,14 @@ def served_correction(base: Sequence[SpecStepTiming] | SpecStepTiming | None,
     from scipy.optimize import lsq_linear
 
     timed = sorted(_by_batch(timing).values(), key=lambda t: t.batch)
+    profiled = [parts(t.k, t.batch) for t in timed]
     offset, base_per_seq = base_offsets(base, parts)
-    passes = not model_free and any(t.drafted_fraction * parts(t.k, t.batch)[2] > 0 for t in timed)
+    passes = not model_free and any(t.drafted_fraction * p[2] > 0 for t, p in zip(timed, profiled, strict=True))
     two_k = passes and len({t.k for t in timed}) > 1
     names = (["overhead"] if not passes or two_k else []) + (["scale"] if passes else []) + \
         (["per_seq"] if len(timed) > 1 else [])
     rows, rhs = [], []
-    for t in timed:
-        t_base, t_verify, t_draft = parts(t.k, t.batch)
+    for t, (t_base, t_verify, t_draft) in zip(timed, profiled, strict=True):
         f = t.drafted_fraction
         shifted = offset + base_per_seq * (t.batch - 1)
         column = {"overhead": 1.0, "scale": f * t_draft, "per_seq": float(t.batch - 1)}
