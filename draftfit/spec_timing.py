@@ -263,8 +263,9 @@ def served_correction(base: Sequence[SpecStepTiming] | SpecStepTiming | None,
         rhs.append(weight * (t.seconds_per_step - f * (t_verify + shifted) - (1 - f) * (t_base + shifted)))
     low = {"overhead": 0.0 if passes else -np.inf, "scale": scale_range[0], "per_seq": -np.inf}
     high = {"overhead": np.inf, "scale": scale_range[1], "per_seq": np.inf}
-    fit = dict(zip(names, lsq_linear(np.asarray(rows), np.asarray(rhs), bounds=([low[n] for n in names],
-                                                                                 [high[n] for n in names]), method="bvls").x, strict=True))
+    bounds = ([low[n] for n in names], [high[n] for n in names])
+    solution = lsq_linear(np.asarray(rows), np.asarray(rhs), bounds=bounds, method="bvls").x
+    fit = dict(zip(names, solution, strict=True))
     return ServedCorrection(offset, float(fit.get("scale", 1.0)), float(fit.get("overhead", 0.0)), max(t.k for t in timed),
                             base_per_seq_s=base_per_seq, overhead_per_seq_s=float(fit.get("per_seq", 0.0)),
                             timed_batch=max(t.batch for t in timed), timed_ks=tuple(sorted({t.k for t in timed})))
