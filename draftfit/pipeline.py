@@ -6,7 +6,9 @@ acceptance for every k → cost and VRAM → ranking → results.json / results.
 Trajectories, draft scores, derived drafts and measured profiles live in the draftfit cache under
 keys of everything that changes them, so a run that was interrupted resumes where it stopped and a
 run with one more candidate costs only that candidate. One engine is alive at a time: the target's
-(trajectories, its profile, and the scoring of any draft that *is* the target), then each draft's.
+(trajectories, its profile, and the scoring of any draft that *is* the target), then each draft's —
+except while the candidates' served steps are timed, when the plain target's served engine stays up
+beside each candidate's (ServedBaseline), memory allowing.
 """
 
 from __future__ import annotations
@@ -126,18 +128,105 @@ def measured_profile(session: EngineSession, engine_fields: dict, plan: dict, vo
     return data
 
 
+def _served_engine(model: str | Path, speculative: dict | None, engine_config):
+    """An engine in the served layout: its engine core in a process of its own, as `vllm serve` runs it."""
+    from draftfit.engines.vllm_engine import VLLMEngine, config_options
+
+    options = {"speculative_config": speculative} if speculative is not None else {"served_layout": True}
+    return VLLMEngine(model, progress=False, **options, **config_options(engine_config))
+
+
+class ServedBaseline:
+    """The plain target's served engine, kept up beside each candidate's while that one is timed and
+    timed again just before and just after it (B C₁ B C₂ B …: a candidate's "before" is the previous
+    one's "after"), so the baseline the predictions divide by is the median of timings taken in the
+    same minutes as the candidates' (draftfit.spec_timing.median_timings). Started at the first
+    candidate that needs timing; a baseline that fails to start or to time leaves the candidates
+    unpaired (``failure``), and rank falls back to one timing of its own."""
+
+    def __init__(self, target_ref: ModelRef, study: StudySettings, engine_config, prompts: list[list[int]],
+                 progress: Progress, *, trust_remote_code: bool = False):
+        from draftfit.spec_timing import timing_batches
+
+        self.target_ref, self.engine_config, self.prompts, self.progress = target_ref, engine_config, prompts, progress
+        self.trust_remote_code = trust_remote_code
+        self.plan = tuple((batch, 0) for batch in timing_batches(study.concurrency))
+        self.tokens = _spec_tokens(study, prompts)
+        self.repeats: list[list] = []  # every baseline timing of this run: timed here, or read with a cached candidate
+        self.failure: str | None = None
+        self._engine = None
+        self._latest: list | None = None  # the last timing, while no candidate was timed after it
+
+    def before(self) -> list | None:
+        """The baseline timed just before a candidate: the previous candidate's "after" if nothing
+        was timed since, else timed now."""
+        timings = self._latest if self._latest is not None else self.after()
+        self._latest = None  # the candidate is timed next
+        return timings
+
+    def after(self) -> list | None:
+        """The baseline timed now (None where it cannot be)."""
+        from draftfit.refs import model_dir
+        from draftfit.spec_timing import time_spec_steps
+
+        if self.failure is not None:
+            return None
+        try:
+            if self._engine is None:
+                self.progress("starting the target's served engine, timed beside each candidate")
+                self._engine = _served_engine(model_dir(self.target_ref, trust_remote_code=self.trust_remote_code), None,
+                                              self.engine_config)
+            self.progress("timing the target's served decode steps")
+            timings = [time_spec_steps(self._engine.llm, None, self.prompts, 0, tokens=self.tokens, batch=batch)
+                       for batch, _ in self.plan]
+        except Exception as exc:  # noqa: BLE001 - the candidates are then timed unpaired, and the results say so
+            self.failure = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"
+            self.close()
+            return None
+        self.repeats.append(timings)
+        self._latest = timings
+        return timings
+
+    def record(self, paired: Sequence[Sequence]) -> None:
+        """The baseline timings around a candidate (timed here, or read with it from the cache)."""
+        # consecutive candidates share a timing (one's "after", the next one's "before"): counted once
+        seen = [[t.to_dict() for t in r] for r in self.repeats]
+        for timings in paired:
+            if [t.to_dict() for t in timings] not in seen:
+                self.repeats.append(list(timings))
+                seen.append([t.to_dict() for t in timings])
+
+    def median(self) -> list:
+        from draftfit.spec_timing import median_timings
+
+        return median_timings(self.repeats) if self.repeats else []
+
+    def close(self) -> None:
+        if self._engine is not None:
+            engine, self._engine = self._engine, None
+            engine.close()
+
+
+def _fits_beside(target_ref: ModelRef, config, engine_config, *, trust_remote_code: bool = False) -> bool:
+    """Whether the candidate's engine fits in memory beside the plain target's (verify's estimate)."""
+    from draftfit.refs import model_dir
+    from draftfit.verify.measure import servers_at_once
+
+    return servers_at_once(model_dir(target_ref, trust_remote_code=trust_remote_code), engine_config, [config], "serve") >= 2
+
+
 def _timed_steps(target_ref: ModelRef, speculative: dict | None, plan: Sequence[tuple[int, int]], study: StudySettings,
                  engine_config, engine_fields: dict, prompts: list[list[int]], progress: Progress, label: str, *,
-                 trust_remote_code: bool = False, served: str | None = None) -> list:
+                 trust_remote_code: bool = False, served: str | None = None, baseline: ServedBaseline | None = None) -> list:
     """Decode steps in the served layout (draftfit.spec_timing) of the target with ``speculative``
     (``None``: no speculation, its engine core in a process of its own), at each (batch, k) of
     ``plan``, on one engine: from the cache, else timed. ``served``: a checkpoint served in the
-    target's place (the target with its MTP layer)."""
+    target's place (the target with its MTP layer). ``baseline``: the plain target's served engine,
+    timed just before and after these steps (kept with them in the cache entry)."""
     import hashlib
     import os
     import platform
 
-    from draftfit.engines.vllm_engine import VLLMEngine, config_options
     from draftfit.refs import model_dir
     from draftfit.spec_timing import SpecStepTiming, time_spec_steps
 
@@ -151,23 +240,32 @@ def _timed_steps(target_ref: ModelRef, speculative: dict | None, plan: Sequence[
     data = read_checked_json(path, what="speculative-step cache entry")
     if isinstance(data, dict) and data.get("kind") == "measured" and isinstance(data.get("timings"), list):
         timings = [SpecStepTiming.from_dict(t) for t in data["timings"]]
+        paired = [[SpecStepTiming.from_dict(t) for t in r] for r in data.get("baseline") or []]
     else:
         progress(f"timing {label}")
-        options = {"speculative_config": speculative} if speculative is not None else {"served_layout": True}
-        engine = VLLMEngine(served or model_dir(target_ref, trust_remote_code=trust_remote_code), progress=False,
-                            **options, **config_options(engine_config))
+        engine = _served_engine(served or model_dir(target_ref, trust_remote_code=trust_remote_code), speculative,
+                                engine_config)
         with engine:
+            paired = [baseline.before()] if baseline is not None else []
             timings = [time_spec_steps(engine.llm, engine.spec_counters if speculative is not None else None, prompts, k,
                                        tokens=tokens, batch=batch) for batch, k in plan]
-        write_checked_json(path, {"kind": "measured", "timings": [t.to_dict() for t in timings]})
+            if baseline is not None:
+                paired.append(baseline.after())
+        paired = [r for r in paired if r]
+        write_checked_json(path, {"kind": "measured", "timings": [t.to_dict() for t in timings]}
+                           | ({"baseline": [[t.to_dict() for t in r] for r in paired]} if paired else {}))
+    if baseline is not None:
+        baseline.record(paired)
     fault_point("spec_steps")
     return timings
 
 
 def spec_step_timings(plan: PlannedDraft, target_ref: ModelRef, study: StudySettings, engine_config, engine_fields: dict,
-                      prompts: list[list[int]], progress: Progress, *, trust_remote_code: bool = False) -> list:
+                      prompts: list[list[int]], progress: Progress, *, trust_remote_code: bool = False,
+                      baseline: ServedBaseline | None = None) -> list:
     """Real speculative steps of the candidate alone and in a batch, at the k of
-    draftfit.spec_timing.timing_plan: from the cache, else timed."""
+    draftfit.spec_timing.timing_plan: from the cache, else timed — beside ``baseline``, timed
+    around them, where both engines fit in memory."""
     from draftfit.spec_timing import batch_schedule, timing_plan
     from draftfit.verify.selection import speculative_config
     from draftfit.vllm_versions import PER_BATCH_SIZE_K, installed_vllm_version, parse_version
@@ -182,9 +280,11 @@ def spec_step_timings(plan: PlannedDraft, target_ref: ModelRef, study: StudySett
     if schedule:
         speculative = {**speculative, "num_speculative_tokens_per_batch_size": schedule}
     ks = "/".join(str(k) for k in sorted({k for _, k in timed}))
+    beside = baseline if baseline is not None and _fits_beside(target_ref, config, engine_config,
+                                                               trust_remote_code=trust_remote_code) else None
     return _timed_steps(target_ref, speculative, timed, study, engine_config, engine_fields, prompts, progress,
                         f"{plan.candidate.name}'s speculative steps at k={ks}", trust_remote_code=trust_remote_code,
-                        served=config.target)
+                        served=config.target, baseline=beside)
 
 
 def _spec_tokens(study: StudySettings, prompts: list[list[int]]) -> tuple[int, int]:
@@ -231,6 +331,7 @@ class RankRun:
     step_model: dict | None = None  # the GPU step model's constants and their sources (roofline source)
     spec_steps: dict = field(default_factory=dict)  # candidate → timed speculative steps (measured source)
     served_base: list = field(default_factory=list)  # the target's timed served decode steps, by batch (measured source)
+    served_repeats: list = field(default_factory=list)  # each timing of the served baseline (served_base: their median)
     corrections: dict = field(default_factory=dict)  # candidate → ServedCorrection applied
     show_prompts: bool = False  # prompt text in warnings and progress lines (off: row numbers only)
     trust_remote_code: bool = False  # let model repositories run their own code
@@ -352,31 +453,43 @@ class RankRun:
             finally:
                 session.close()
 
-        # --- the served baseline and each candidate's speculative step at concurrency 1 ----------
+        # --- each candidate's speculative steps, the served baseline timed around them -------------
         spec_steps: dict[str, list] = {}
         if measured and study.engine == "vllm" and self.profile_plan.get("spec_timing", True):
             from draftfit.spec_timing import DEFAULT_PROMPTS
 
             timing_prompts = prompt_ids[:DEFAULT_PROMPTS]
+            baseline = ServedBaseline(target_ref, study, engine_config, timing_prompts, self.progress,
+                                      trust_remote_code=self.trust_remote_code)
             try:
-                self.served_base = served_baseline_timing(target_ref, study, engine_config, engine_fields, timing_prompts,
-                                                          self.progress, trust_remote_code=self.trust_remote_code)
-            except Exception as exc:  # noqa: BLE001 - the prediction then rests on the profiles alone, and says so
-                note = (f"the target's served decode steps could not be timed ({type(exc).__name__}); speeds rest on "
-                        "the in-process step profiles, which read high at concurrency 1")
-                self.progress(note)
-                self.warnings.append(note)
-            for p in plans:
-                if p.skip_reason:
-                    continue
+                for p in plans:
+                    if p.skip_reason:
+                        continue
+                    try:
+                        spec_steps[p.candidate.name] = spec_step_timings(
+                            p, target_ref, study, engine_config, engine_fields, timing_prompts,
+                            self.progress, trust_remote_code=self.trust_remote_code, baseline=baseline)
+                    except Exception as exc:  # noqa: BLE001 - the prediction then rests on the profiles alone, and says so
+                        note = (f"{p.candidate.name}: its speculative steps could not be timed ({type(exc).__name__}: "
+                                f"{str(exc).strip().splitlines()[0] if str(exc).strip() else ''}); its speed is predicted from "
+                                "the step profiles alone, which read high at concurrency 1")
+                        self.progress(note)
+                        self.warnings.append(note)
+            finally:
+                baseline.close()
+            self.served_repeats = baseline.repeats
+            self.served_base = baseline.median()
+            if baseline.failure:
+                self.warnings.append(f"the target's served engine could not be timed beside the candidates "
+                                     f"({baseline.failure}); the baseline was timed once, on its own")
+            if not self.served_base:
                 try:
-                    spec_steps[p.candidate.name] = spec_step_timings(
-                        p, target_ref, study, engine_config, engine_fields, timing_prompts,
-                        self.progress, trust_remote_code=self.trust_remote_code)
+                    self.served_base = served_baseline_timing(target_ref, study, engine_config, engine_fields, timing_prompts,
+                                                              self.progress, trust_remote_code=self.trust_remote_code)
+                    self.served_repeats = [self.served_base]
                 except Exception as exc:  # noqa: BLE001 - the prediction then rests on the profiles alone, and says so
-                    note = (f"{p.candidate.name}: its speculative steps could not be timed ({type(exc).__name__}: "
-                            f"{str(exc).strip().splitlines()[0] if str(exc).strip() else ''}); its speed is predicted from "
-                            "the step profiles alone, which read high at concurrency 1")
+                    note = (f"the target's served decode steps could not be timed ({type(exc).__name__}); speeds rest on "
+                            "the in-process step profiles, which read high at concurrency 1")
                     self.progress(note)
                     self.warnings.append(note)
         self.spec_steps = spec_steps
@@ -411,6 +524,8 @@ class RankRun:
                 "kind": "measured",
                 "baseline": self.served_base[0].to_dict() if self.served_base else None,
                 "baseline_batched": [t.to_dict() for t in self.served_base[1:]],
+                # every timing the baseline above is the median of, in the order timed
+                "baseline_repeats": [[t.to_dict() for t in r] for r in self.served_repeats],
                 "speculative": {name: [t.to_dict() for t in ts] for name, ts in self.spec_steps.items()},
                 "corrections": {name: c.to_dict() for name, c in self.corrections.items()},
             }} if self.spec_steps or self.served_base else {}),

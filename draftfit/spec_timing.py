@@ -27,7 +27,12 @@ than one k and the study a batch, its engine runs vLLM's per-batch-size schedule
 there) — and the correction fits both terms.
 
 The served baseline (the target alone, its engine core in a process of its own as `vllm serve`
-runs it) is timed the same way. The cost model then corrects the in-process step profiles by what
+runs it) is timed the same way — and, where both engines fit in memory, its engine stays up while
+each candidate is timed and is timed again just before and just after it (B C₁ B C₂ B …); the
+baseline the predictions divide by is the median of those timings (:func:`median_timings`). One
+timing of it is not enough: on a 2-core Xeon, rank's single baseline timing read 35.2, 38.4 and
+38.8 ms per step in three runs within the hour, while verify's baselines held at 35 ± 1 ms over 30
+minutes, and every concurrency-1 speedup divides by it. The cost model then corrects the in-process step profiles by what
 the timings say (:class:`ServedCorrection`): a served target step's offset, the proposer's
 passes' scale, a model-free proposer's per-step overhead, and what each sequence in flight adds
 beyond the profile to a served step, plain and speculative (from the batched timings).
@@ -63,12 +68,35 @@ class SpecStepTiming:
     kind: str = "measured"
     batch: int = 1  # sequences in flight
 
+    repeats: int = 1  # timings this one is the median of (the served baseline beside each candidate)
+
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> SpecStepTiming:
         return cls(**{k: data[k] for k in cls.__dataclass_fields__ if k in data})
+
+
+def median_timings(repeats: Sequence[Sequence[SpecStepTiming]]) -> list[SpecStepTiming]:
+    """Per batch, the median of the same steps timed several times: its step is the median step, its
+    steps the sum, its spread that of the repeats ((max − min) / median), by batch ascending."""
+    by_batch: dict[int, list[SpecStepTiming]] = {}
+    for timings in repeats:
+        for t in timings:
+            by_batch.setdefault(t.batch, []).append(t)
+    out = []
+    for batch, group in sorted(by_batch.items()):
+        seconds = [t.seconds_per_step for t in group]
+        median = statistics.median(seconds)
+        steps = sum(t.steps for t in group)
+        out.append(SpecStepTiming(
+            k=group[0].k, seconds_per_step=float(median),
+            drafted_fraction=float(sum(t.drafted_fraction * t.steps for t in group) / steps) if steps else 0.0,
+            steps=float(steps), prompts=group[0].prompts,
+            spread=float((max(seconds) - min(seconds)) / median) if len(group) > 1 else group[0].spread,
+            batch=batch, repeats=sum(t.repeats for t in group)))
+    return out
 
 
 def timing_batches(concurrency: Sequence[int]) -> tuple[int, ...]:
@@ -271,5 +299,5 @@ def served_correction(base: Sequence[SpecStepTiming] | SpecStepTiming | None,
                             timed_batch=max(t.batch for t in timed), timed_ks=tuple(sorted({t.k for t in timed})))
 
 
-__all__ = ["DEFAULT_PROMPTS", "DEFAULT_TOKENS", "SERVED_BATCH", "base_offsets", "batch_schedule", "ServedCorrection",
-           "SpecStepTiming", "served_correction", "time_spec_steps", "timing_batches", "timing_plan"]
+__all__ = ["DEFAULT_PROMPTS", "DEFAULT_TOKENS", "SERVED_BATCH", "base_offsets", "batch_schedule", "median_timings",
+           "ServedCorrection", "SpecStepTiming", "served_correction", "time_spec_steps", "timing_batches", "timing_plan"]

@@ -55,7 +55,8 @@ def test_greedy_predictions_are_exact_through_the_last_step(measured_run):
 @pytest.mark.slow
 @pytest.mark.engine
 def test_the_measured_path_times_the_served_steps(measured_run):
-    """The served baseline is timed alone and four at once (the study predicts up to 16 in flight);
+    """The served baseline is timed alone and four at once (the study predicts up to 16 in flight),
+    beside each candidate;
     a model-free candidate at its largest k alike; a draft model alone at its smallest k and two and
     four at once at its largest (one engine, vLLM's per-batch-size schedule). The correction they
     give is recorded and used (draftfit.spec_timing)."""
@@ -64,6 +65,13 @@ def test_the_measured_path_times_the_served_steps(measured_run):
     assert served["kind"] == "measured" and served["baseline"]["seconds_per_step"] > 0
     assert [t["batch"] for t in served["baseline_batched"]] == [4]
     assert set(served["speculative"]) == set(served["corrections"]) == {"ngram-2-4", "self-draft", "early-exit-4"}
+    # the baseline's engine stayed up beside each candidate's, timed before and after it (B C₁ B C₂ B C₃ B):
+    # the predictions divide by the median of those four timings
+    repeats = served["baseline_repeats"]
+    assert len(repeats) == len(served["speculative"]) + 1 == served["baseline"]["repeats"]
+    for batch in (0, 1):
+        median = float(np.median([r[batch]["seconds_per_step"] for r in repeats]))
+        assert [served["baseline"], *served["baseline_batched"]][batch]["seconds_per_step"] == pytest.approx(median)
     from draftfit.costmodel import MeasuredStepTime, ModelFreeDraftCost, predict_costs
     from draftfit.hardware import StepProfile
 

@@ -1,0 +1,121 @@
+"""The served baseline timed beside each candidate (B C₁ B C₂ B …) and the median the predictions use."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+
+import draftfit.pipeline as pipeline
+import draftfit.spec_timing as spec_timing
+from draftfit.candidates import StudySettings
+from draftfit.spec_timing import SpecStepTiming, median_timings
+
+
+def _timing(ms: float, batch: int = 1, k: int = 0, steps: float = 100.0) -> SpecStepTiming:
+    return SpecStepTiming(k=k, seconds_per_step=ms / 1000, drafted_fraction=0.0, steps=steps, prompts=3, spread=0.01,
+                          batch=batch)
+
+
+def test_the_median_of_repeated_timings_is_taken_per_batch():
+    repeats = [[_timing(38.4), _timing(44.4, batch=4)], [_timing(35.2), _timing(41.0, batch=4)],
+               [_timing(35.6), _timing(40.0, batch=4)]]
+    alone, batched = median_timings(repeats)
+    assert (alone.batch, batched.batch) == (1, 4)
+    assert alone.seconds_per_step == pytest.approx(0.0356) and batched.seconds_per_step == pytest.approx(0.041)
+    assert alone.repeats == batched.repeats == 3 and alone.steps == 300
+    assert alone.spread == pytest.approx((38.4 - 35.2) / 35.6)
+    # one timing is its own median, its spread that of its prompts
+    assert median_timings([[_timing(35.0)]]) == [_timing(35.0)]
+    assert median_timings([]) == []
+
+
+class FakeEngine:
+    def __init__(self, log: list[str], name: str):
+        self.llm, self.log, self.name = name, log, name
+        self.closed = False
+        self.spec_counters = None
+        log.append(f"start {name}")
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def close(self):
+        self.closed = True
+        self.log.append(f"stop {self.name}")
+
+
+@pytest.fixture
+def timed(monkeypatch, tmp_path):
+    """Engines that log their start, stop and timings; the baseline reads 38, 35, 36, 35 … ms."""
+    log: list[str] = []
+    base_ms = itertools.chain([38.0, 35.0, 36.0], itertools.repeat(35.0))
+    engines: list[FakeEngine] = []
+
+    def served_engine(model, speculative, engine_config):
+        engines.append(FakeEngine(log, "baseline" if speculative is None else speculative["model"]))
+        return engines[-1]
+
+    def time_steps(llm, counters, prompts, k, *, tokens, batch=1):
+        log.append(f"time {llm} b{batch}")
+        ms = next(base_ms) if llm == "baseline" and batch == 1 else (40.0 if llm == "baseline" else 50.0)
+        return _timing(ms, batch=batch, k=k)
+
+    monkeypatch.setattr(pipeline, "_served_engine", served_engine)
+    monkeypatch.setattr(spec_timing, "time_spec_steps", time_steps)
+    monkeypatch.setattr("draftfit.refs.model_dir", lambda ref, trust_remote_code=False: tmp_path)
+    monkeypatch.setattr(pipeline, "cache_subdir", lambda name: (tmp_path / name).mkdir(exist_ok=True) or tmp_path / name)
+    return log, engines
+
+
+def _time(candidate: str, baseline, smollm2_ref, study):
+    return pipeline._timed_steps(smollm2_ref, {"model": candidate}, ((1, 2),), study, None, {"engine": "fake"}, [[1, 2, 3]],
+                                 lambda message: None, candidate, baseline=baseline)
+
+
+def test_each_candidate_is_timed_between_two_baseline_timings(timed, smollm2_ref):
+    log, engines = timed
+    study = StudySettings(concurrency=[1, 4], max_model_len=1024)
+    baseline = pipeline.ServedBaseline(smollm2_ref, study, None, [[1, 2, 3]], lambda message: None)
+    try:
+        for name in ("c1", "c2"):
+            _time(name, baseline, smollm2_ref, study)
+    finally:
+        baseline.close()
+    timings = [line for line in log if line.startswith("time")]
+    # B C₁ B C₂ B: one candidate's "after" is the next one's "before"
+    assert timings == ["time baseline b1", "time baseline b4", "time c1 b1", "time baseline b1", "time baseline b4",
+                       "time c2 b1", "time baseline b1", "time baseline b4"]
+    assert log.index("start c1") < log.index("start baseline") < log.index("time c1 b1")
+    assert all(engine.closed for engine in engines) and log.count("start baseline") == 1
+    assert [r[0].seconds_per_step * 1000 for r in baseline.repeats] == pytest.approx([38.0, 35.0, 36.0])
+    alone, batched = baseline.median()
+    assert alone.seconds_per_step == pytest.approx(0.036) and alone.repeats == 3 and batched.batch == 4
+
+    # read back from the cache: each entry keeps its two baseline timings; the shared one counts once
+    again = pipeline.ServedBaseline(smollm2_ref, study, None, [[1, 2, 3]], lambda message: None)
+    before = len(log)
+    for name in ("c1", "c2"):
+        _time(name, again, smollm2_ref, study)
+    assert len(log) == before  # nothing started, nothing timed
+    assert [r[0].seconds_per_step for r in again.repeats] == [r[0].seconds_per_step for r in baseline.repeats]
+    assert again.median() == baseline.median()
+
+
+def test_a_baseline_that_cannot_start_leaves_the_candidate_timed_unpaired(timed, smollm2_ref, monkeypatch):
+    log, _ = timed
+    study = StudySettings(concurrency=[1], max_model_len=1024)
+
+    def broken(model, speculative, engine_config):
+        if speculative is None:
+            raise RuntimeError("engine core failed to start\nmore")
+        return FakeEngine(log, speculative["model"])
+
+    monkeypatch.setattr(pipeline, "_served_engine", broken)
+    baseline = pipeline.ServedBaseline(smollm2_ref, study, None, [[1, 2, 3]], lambda message: None)
+    timings = _time("c3", baseline, smollm2_ref, study)
+    assert [t.seconds_per_step for t in timings] == [0.05]
+    assert baseline.failure == "RuntimeError: engine core failed to start" and baseline.median() == []
