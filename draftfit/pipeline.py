@@ -196,6 +196,10 @@ class ServedBaseline:
                 self.repeats.append(list(timings))
                 seen.append([t.to_dict() for t in timings])
 
+    @property
+    def up(self) -> bool:
+        return self._engine is not None
+
     def median(self) -> list:
         from draftfit.spec_timing import median_timings
 
@@ -207,12 +211,16 @@ class ServedBaseline:
             engine.close()
 
 
-def _fits_beside(target_ref: ModelRef, config, engine_config, *, trust_remote_code: bool = False) -> bool:
-    """Whether the candidate's engine fits in memory beside the plain target's (verify's estimate)."""
+def _fits_beside(target_ref: ModelRef, config, engine_config, *, baseline_up: bool, trust_remote_code: bool = False) -> bool:
+    """Whether the candidate's engine fits in memory beside the plain target's (verify's estimate).
+    On the CPU, once the target's engine is up the memory available no longer holds it: one more
+    must fit, not two (a GPU's memory fractions add up either way)."""
+    from draftfit.parallelism import on_gpu
     from draftfit.refs import model_dir
     from draftfit.verify.measure import servers_at_once
 
-    return servers_at_once(model_dir(target_ref, trust_remote_code=trust_remote_code), engine_config, [config], "serve") >= 2
+    need = 1 if baseline_up and not on_gpu() else 2
+    return servers_at_once(model_dir(target_ref, trust_remote_code=trust_remote_code), engine_config, [config], "serve") >= need
 
 
 def _timed_steps(target_ref: ModelRef, speculative: dict | None, plan: Sequence[tuple[int, int]], study: StudySettings,
@@ -280,7 +288,7 @@ def spec_step_timings(plan: PlannedDraft, target_ref: ModelRef, study: StudySett
     if schedule:
         speculative = {**speculative, "num_speculative_tokens_per_batch_size": schedule}
     ks = "/".join(str(k) for k in sorted({k for _, k in timed}))
-    beside = baseline if baseline is not None and _fits_beside(target_ref, config, engine_config,
+    beside = baseline if baseline is not None and _fits_beside(target_ref, config, engine_config, baseline_up=baseline.up,
                                                                trust_remote_code=trust_remote_code) else None
     return _timed_steps(target_ref, speculative, timed, study, engine_config, engine_fields, prompts, progress,
                         f"{plan.candidate.name}'s speculative steps at k={ks}", trust_remote_code=trust_remote_code,

@@ -119,3 +119,18 @@ def test_a_baseline_that_cannot_start_leaves_the_candidate_timed_unpaired(timed,
     timings = _time("c3", baseline, smollm2_ref, study)
     assert [t.seconds_per_step for t in timings] == [0.05]
     assert baseline.failure == "RuntimeError: engine core failed to start" and baseline.median() == []
+
+
+@pytest.mark.parametrize(("at_once", "baseline_up", "gpu", "fits"), [
+    (2, False, False, True), (1, False, False, False),
+    # on the CPU the memory available no longer holds the target's engine once it is up: one more must fit
+    (1, True, False, True),
+    # a GPU's memory fractions add up whatever is running
+    (1, True, True, False), (2, True, True, True),
+])
+def test_a_candidate_is_timed_beside_the_baseline_where_both_fit(monkeypatch, smollm2_ref, tmp_path, at_once, baseline_up,
+                                                                 gpu, fits):
+    monkeypatch.setattr("draftfit.verify.measure.servers_at_once", lambda *args: at_once)
+    monkeypatch.setattr("draftfit.parallelism.on_gpu", lambda: gpu)
+    monkeypatch.setattr("draftfit.refs.model_dir", lambda ref, trust_remote_code=False: tmp_path)
+    assert pipeline._fits_beside(smollm2_ref, None, None, baseline_up=baseline_up) is fits
