@@ -32,10 +32,13 @@ each candidate is timed and is timed again just before and just after it (B C₁
 baseline the predictions divide by is the median of those timings (:func:`median_timings`). One
 timing of it is not enough: on a 2-core Xeon, rank's single baseline timing read 35.2, 38.4 and
 38.8 ms per step in three runs within the hour, while verify's baselines held at 35 ± 1 ms over 30
-minutes, and every concurrency-1 speedup divides by it. The cost model then corrects the in-process step profiles by what
-the timings say (:class:`ServedCorrection`): a served target step's offset, the proposer's
-passes' scale, a model-free proposer's per-step overhead, and what each sequence in flight adds
-beyond the profile to a served step, plain and speculative (from the batched timings).
+minutes, and every concurrency-1 speedup divides by it; five timings beside four candidates read
+34.5–38.3 ms within six minutes.
+
+The cost model then corrects the in-process step profiles by what the timings say
+(:class:`ServedCorrection`): a served target step's offset, the proposer's passes' scale, a
+model-free proposer's per-step overhead, and what each sequence in flight adds beyond the profile
+to a served step, plain and speculative (from the batched timings).
 """
 
 from __future__ import annotations
@@ -67,7 +70,6 @@ class SpecStepTiming:
     spread: float  # (max − min) / median of the per-prompt (per-batch) step times
     kind: str = "measured"
     batch: int = 1  # sequences in flight
-
     repeats: int = 1  # timings this one is the median of (the served baseline beside each candidate)
 
     def to_dict(self) -> dict[str, Any]:
