@@ -154,6 +154,7 @@ class ServedBaseline:
         self.tokens = _spec_tokens(study, prompts)
         self.repeats: list[list] = []  # every baseline timing of this run: timed here, or read with a cached candidate
         self.failure: str | None = None
+        self.unpaired: dict[str, str] = {}  # candidate → why it was timed without the baseline beside it
         self._engine = None
         self._latest: list | None = None  # the last timing, while no candidate was timed after it
 
@@ -290,6 +291,9 @@ def spec_step_timings(plan: PlannedDraft, target_ref: ModelRef, study: StudySett
     ks = "/".join(str(k) for k in sorted({k for _, k in timed}))
     beside = baseline if baseline is not None and _fits_beside(target_ref, config, engine_config, baseline_up=baseline.up,
                                                                trust_remote_code=trust_remote_code) else None
+    if baseline is not None and beside is None:
+        baseline.unpaired[plan.candidate.name] = ("its engine and the target's do not both fit in the memory available "
+                                                  "(verify's estimate: weights, the KV fraction, runtime)")
     return _timed_steps(target_ref, speculative, timed, study, engine_config, engine_fields, prompts, progress,
                         f"{plan.candidate.name}'s speculative steps at k={ks}", trust_remote_code=trust_remote_code,
                         served=config.target, baseline=beside)
@@ -340,6 +344,7 @@ class RankRun:
     spec_steps: dict = field(default_factory=dict)  # candidate → timed speculative steps (measured source)
     served_base: list = field(default_factory=list)  # the target's timed served decode steps, by batch (measured source)
     served_repeats: list = field(default_factory=list)  # each timing of the served baseline (served_base: their median)
+    served_unpaired: dict = field(default_factory=dict)  # candidate → why the baseline was not timed beside it
     corrections: dict = field(default_factory=dict)  # candidate → ServedCorrection applied
     show_prompts: bool = False  # prompt text in warnings and progress lines (off: row numbers only)
     trust_remote_code: bool = False  # let model repositories run their own code
@@ -487,9 +492,13 @@ class RankRun:
                 baseline.close()
             self.served_repeats = baseline.repeats
             self.served_base = baseline.median()
+            self.served_unpaired = dict(baseline.unpaired)
             if baseline.failure:
                 self.warnings.append(f"the target's served engine could not be timed beside the candidates "
                                      f"({baseline.failure}); the baseline was timed once, on its own")
+            elif baseline.unpaired and not self.served_base:
+                self.progress("the candidates were timed without the target's engine beside them (memory); "
+                              "the baseline is timed once, on its own")
             if not self.served_base:
                 try:
                     self.served_base = served_baseline_timing(target_ref, study, engine_config, engine_fields, timing_prompts,
@@ -534,6 +543,7 @@ class RankRun:
                 "baseline_batched": [t.to_dict() for t in self.served_base[1:]],
                 # every timing the baseline above is the median of, in the order timed
                 "baseline_repeats": [[t.to_dict() for t in r] for r in self.served_repeats],
+                "unpaired": self.served_unpaired,
                 "speculative": {name: [t.to_dict() for t in ts] for name, ts in self.spec_steps.items()},
                 "corrections": {name: c.to_dict() for name, c in self.corrections.items()},
             }} if self.spec_steps or self.served_base else {}),

@@ -100,8 +100,9 @@ REPO = Path(__file__).resolve().parents[1]
 RANKED_DRAFTS = ("ngram-2-4", "self-draft", "early-exit-4")
 # float32 on every machine: bfloat16 answers of a batched offline run and of a server taking one
 # request at a time differ (AMX machines), and so would the acceptance verify measures
+# a small KV share, so the target's served engine fits beside each candidate's in a test session's memory
 RANKED_STUDY_OPTIONS = ("--sample-size", "6", "--max-tokens", "24", "--max-model-len", "1024", "--concurrency", "1,4,16",
-                        "--dtype", "float32", "--profile-plan", "quick")
+                        "--dtype", "float32", "--profile-plan", "quick", "--engine-memory-utilization", "0.1")
 
 
 def _small_candidates(folder: Path) -> list[str]:

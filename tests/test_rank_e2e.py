@@ -68,6 +68,7 @@ def test_the_measured_path_times_the_served_steps(measured_run):
     # the baseline's engine stayed up beside each candidate's, timed before and after it (B C₁ B C₂ B C₃ B):
     # the predictions divide by the median of those four timings
     repeats = served["baseline_repeats"]
+    assert served["unpaired"] == {}, served["unpaired"]
     assert len(repeats) == len(served["speculative"]) + 1 == served["baseline"]["repeats"]
     for batch in (0, 1):
         median = float(np.median([r[batch]["seconds_per_step"] for r in repeats]))
