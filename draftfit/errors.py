@@ -31,3 +31,10 @@ class ModelRefError(DraftfitError):
 
 class EngineMissing(DraftfitError):
     """An optional engine (vLLM, transformers) is not installed."""
+
+
+def error_line(exc: BaseException) -> str:
+    """An exception in one line, as results and progress lines record it: its type and the first
+    line of its message."""
+    text = str(exc).strip()
+    return f"{type(exc).__name__}: {text.splitlines()[0] if text else ''}"

@@ -27,7 +27,7 @@ import numpy as np
 from draftfit import results as results_mod
 from draftfit.cachedir import read_checked_json, write_checked_json
 from draftfit.candidates import Candidate, StudySettings
-from draftfit.errors import DraftfitError
+from draftfit.errors import DraftfitError, error_line
 from draftfit.faults import engine_failure, fault_point
 from draftfit.methods import AcceptanceInputs, PlanContext, PlannedDraft, get_method
 from draftfit.metrics import decode_steps
@@ -181,7 +181,7 @@ class ServedBaseline:
             timings = [time_spec_steps(self._engine.llm, None, self.prompts, 0, tokens=self.tokens, batch=batch)
                        for batch, _ in self.plan]
         except Exception as exc:  # noqa: BLE001 - the candidates are then timed unpaired, and the results say so
-            self.failure = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"
+            self.failure = error_line(exc)
             self.close()
             return None
         self.repeats.append(timings)
@@ -483,9 +483,8 @@ class RankRun:
                             p, target_ref, study, engine_config, engine_fields, timing_prompts,
                             self.progress, trust_remote_code=self.trust_remote_code, baseline=baseline)
                     except Exception as exc:  # noqa: BLE001 - the prediction then rests on the profiles alone, and says so
-                        note = (f"{p.candidate.name}: its speculative steps could not be timed ({type(exc).__name__}: "
-                                f"{str(exc).strip().splitlines()[0] if str(exc).strip() else ''}); its speed is predicted from "
-                                "the step profiles alone, which read high at concurrency 1")
+                        note = (f"{p.candidate.name}: its speculative steps could not be timed ({error_line(exc)}); its "
+                                "speed is predicted from the step profiles alone, which read high at concurrency 1")
                         self.progress(note)
                         self.warnings.append(note)
             finally:

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from draftfit.engines.vllm_server import StreamChunk
+from draftfit.errors import error_line
 from draftfit.verify.latency import RequestRecord
 
 log = logging.getLogger(__name__)
@@ -118,7 +119,7 @@ async def send_load(engine: LoadTarget, plan: RunPlan, concurrency: int, tag: st
                 record.error = f"timeout: unfinished after {plan.timeout_s:g} s"
                 raise
             except Exception as exc:  # noqa: BLE001 - a failed request is data (an error), not a crash
-                record.error = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"
+                record.error = error_line(exc)
             finally:
                 record.end = time.perf_counter()
                 async with progress:
