@@ -136,6 +136,22 @@ def _served_engine(model: str | Path, speculative: dict | None, engine_config):
     return VLLMEngine(model, progress=False, **options, **config_options(engine_config))
 
 
+def _baseline_plan(study: StudySettings) -> tuple[tuple[int, int], ...]:
+    """(batch, k) of the served baseline's timings: every batch of draftfit.spec_timing.timing_batches, no speculation."""
+    from draftfit.spec_timing import timing_batches
+
+    return tuple((batch, 0) for batch in timing_batches(study.concurrency))
+
+
+def _time_plan(engine, speculative: bool, prompts: list[list[int]], plan: Sequence[tuple[int, int]],
+               tokens: tuple[int, int]) -> list:
+    """Each (batch, k) of ``plan`` timed on ``engine`` (draftfit.spec_timing.time_spec_steps)."""
+    from draftfit.spec_timing import time_spec_steps
+
+    counters = engine.spec_counters if speculative else None
+    return [time_spec_steps(engine.llm, counters, prompts, k, tokens=tokens, batch=batch) for batch, k in plan]
+
+
 class ServedBaseline:
     """The plain target's served engine, kept up beside each candidate's while that one is timed and
     timed again just before and just after it (B C₁ B C₂ B …: a candidate's "before" is the previous
@@ -146,11 +162,9 @@ class ServedBaseline:
 
     def __init__(self, target_ref: ModelRef, study: StudySettings, engine_config, prompts: list[list[int]],
                  progress: Progress, *, trust_remote_code: bool = False):
-        from draftfit.spec_timing import timing_batches
-
         self.target_ref, self.engine_config, self.prompts, self.progress = target_ref, engine_config, prompts, progress
         self.trust_remote_code = trust_remote_code
-        self.plan = tuple((batch, 0) for batch in timing_batches(study.concurrency))
+        self.plan = _baseline_plan(study)
         self.tokens = _spec_tokens(study, prompts)
         self.repeats: list[list] = []  # every baseline timing of this run: timed here, or read with a cached candidate
         self.failure: str | None = None
@@ -168,7 +182,6 @@ class ServedBaseline:
     def after(self) -> list | None:
         """The baseline timed now (None where it cannot be)."""
         from draftfit.refs import model_dir
-        from draftfit.spec_timing import time_spec_steps
 
         if self.failure is not None:
             return None
@@ -178,8 +191,7 @@ class ServedBaseline:
                 self._engine = _served_engine(model_dir(self.target_ref, trust_remote_code=self.trust_remote_code), None,
                                               self.engine_config)
             self.progress("timing the target's served decode steps")
-            timings = [time_spec_steps(self._engine.llm, None, self.prompts, 0, tokens=self.tokens, batch=batch)
-                       for batch, _ in self.plan]
+            timings = _time_plan(self._engine, False, self.prompts, self.plan, self.tokens)
         except Exception as exc:  # noqa: BLE001 - the candidates are then timed unpaired, and the results say so
             self.failure = error_line(exc)
             self.close()
@@ -237,7 +249,7 @@ def _timed_steps(target_ref: ModelRef, speculative: dict | None, plan: Sequence[
     import platform
 
     from draftfit.refs import model_dir
-    from draftfit.spec_timing import SpecStepTiming, time_spec_steps
+    from draftfit.spec_timing import SpecStepTiming
 
     tokens = _spec_tokens(study, prompts)
     # all batches in one entry: timed on one engine in one sitting, as the correction compares them
@@ -256,8 +268,7 @@ def _timed_steps(target_ref: ModelRef, speculative: dict | None, plan: Sequence[
                                 engine_config)
         with engine:
             paired = [baseline.before()] if baseline is not None else []
-            timings = [time_spec_steps(engine.llm, engine.spec_counters if speculative is not None else None, prompts, k,
-                                       tokens=tokens, batch=batch) for batch, k in plan]
+            timings = _time_plan(engine, speculative is not None, prompts, plan, tokens)
             if baseline is not None:
                 paired.append(baseline.after())
         paired = [r for r in paired if r]
@@ -313,10 +324,7 @@ def served_baseline_timing(target_ref: ModelRef, study: StudySettings, engine_co
                            prompts: list[list[int]], progress: Progress, *, trust_remote_code: bool = False) -> list:
     """The target's decode steps in the served layout (its engine core in a process of its own, no
     speculation), alone and in a batch: from the cache, else timed."""
-    from draftfit.spec_timing import timing_batches
-
-    plan = tuple((batch, 0) for batch in timing_batches(study.concurrency))
-    return _timed_steps(target_ref, None, plan, study, engine_config, engine_fields, prompts, progress,
+    return _timed_steps(target_ref, None, _baseline_plan(study), study, engine_config, engine_fields, prompts, progress,
                         "the target's served decode steps", trust_remote_code=trust_remote_code)
 
 
