@@ -60,13 +60,15 @@ class StepTime(Protocol):
     """Seconds for one forward pass of a model, vectorized over numpy arrays.
 
     ``seqs`` is the number of sequences the ``batched_tokens`` belong to (default: one token per
-    sequence); attention reads each sequence's own context.
+    sequence); attention reads each sequence's own context. ``multi_query_kv``: the part of
+    ``kv_tokens`` read by sequences that feed more than one token to the pass (a verification, a
+    draft's first pass), which a measured CPU profile prices apart (draftfit.hardware.StepProfile).
     """
 
     @property
     def source(self) -> str: ...
 
-    def step_time(self, batched_tokens: Any, kv_tokens: Any, seqs: Any = None) -> np.ndarray: ...
+    def step_time(self, batched_tokens: Any, kv_tokens: Any, seqs: Any = None, multi_query_kv: Any = 0.0) -> np.ndarray: ...
 
     def to_dict(self) -> dict[str, Any]: ...
 
@@ -162,7 +164,8 @@ class GpuStepTime:
         moved = 2.0 * (tp - 1) / tp * n * self.shape.hidden_size * dtype_bytes(self.activation_dtype)
         return 2.0 * self.shape.num_layers * (c.allreduce_latency_s + moved / c.allreduce_bytes_per_s)
 
-    def step_time(self, batched_tokens: Any, kv_tokens: Any, seqs: Any = None) -> np.ndarray:
+    def step_time(self, batched_tokens: Any, kv_tokens: Any, seqs: Any = None, multi_query_kv: Any = 0.0) -> np.ndarray:
+        # the roofline prices a multi-token query through its attention FLOPs (tokens × context)
         p = self.constants.transition_p
         mem = self.memory_time(batched_tokens, kv_tokens)
         comp = self.compute_time(batched_tokens, kv_tokens, seqs)
@@ -196,8 +199,8 @@ class MeasuredStepTime:
 
     spec_step_s: float = 0.0  # the profile's steps include the engine's own overhead
 
-    def step_time(self, batched_tokens: Any, kv_tokens: Any, seqs: Any = None) -> np.ndarray:
-        return self.profile.predict(batched_tokens, kv_tokens)
+    def step_time(self, batched_tokens: Any, kv_tokens: Any, seqs: Any = None, multi_query_kv: Any = 0.0) -> np.ndarray:
+        return self.profile.predict(batched_tokens, kv_tokens, multi_query_kv)
 
     def to_dict(self) -> dict[str, Any]:
         return {"source": self.source, "profile": self.profile.to_dict()}
@@ -231,9 +234,9 @@ class OffsetStepTime:
     def spec_step_s(self) -> float:
         return float(getattr(self.step, "spec_step_s", 0.0))
 
-    def step_time(self, batched_tokens: Any, kv_tokens: Any, seqs: Any = None) -> np.ndarray:
+    def step_time(self, batched_tokens: Any, kv_tokens: Any, seqs: Any = None, multi_query_kv: Any = 0.0) -> np.ndarray:
         extra = 0.0 if seqs is None else per_seq_extra(self.per_seq_s, seqs, self.timed_batch)
-        return np.asarray(self.step.step_time(batched_tokens, kv_tokens, seqs), float) + self.offset_s + extra
+        return np.asarray(self.step.step_time(batched_tokens, kv_tokens, seqs, multi_query_kv), float) + self.offset_s + extra
 
     def to_dict(self) -> dict[str, Any]:
         return {**self.step.to_dict(), "source": self.source, "served_offset_s": self.offset_s,
@@ -257,8 +260,8 @@ class ScaledStepTime:
 
     spec_step_s: float = 0.0
 
-    def step_time(self, batched_tokens: Any, kv_tokens: Any, seqs: Any = None) -> np.ndarray:
-        return self.scale * np.asarray(self.step.step_time(batched_tokens, kv_tokens, seqs), float)
+    def step_time(self, batched_tokens: Any, kv_tokens: Any, seqs: Any = None, multi_query_kv: Any = 0.0) -> np.ndarray:
+        return self.scale * np.asarray(self.step.step_time(batched_tokens, kv_tokens, seqs, multi_query_kv), float)
 
     def to_dict(self) -> dict[str, Any]:
         return {**self.step.to_dict(), "source": self.source, "scale": self.scale, "scale_is": f"assumed: {self.basis}"}
@@ -300,21 +303,22 @@ class ModelDraftCost:
     def source(self) -> str:
         return self.step.source
 
-    def _first_pass(self, ks: np.ndarray, batch: np.ndarray, context_len: float) -> tuple[np.ndarray, np.ndarray]:
-        """``[k, B]`` tokens and KV tokens of the first draft pass (see the class doc)."""
+    def _first_pass(self, ks: np.ndarray, batch: np.ndarray, context_len: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``[k, B]`` tokens, KV tokens and multi-query KV tokens of the first draft pass (see the class doc)."""
         k = np.asarray(ks, float)[:, None]
         b = np.asarray(batch, float)[None, :]
         tokens = b * (k + 1) if self.padded_first_pass else b
         shape = (k.shape[0], b.shape[1])
-        return np.broadcast_to(tokens, shape), np.broadcast_to(b * context_len, shape)
+        kv = np.broadcast_to(b * context_len, shape)
+        return np.broadcast_to(tokens, shape), kv, kv if self.padded_first_pass else np.zeros(shape)
 
     def draft_time(self, ks: np.ndarray, batch: np.ndarray, context_len: float) -> np.ndarray:
         k = np.asarray(ks, float)[:, None]
         b = np.asarray(batch, float)[None, :]
-        first_tokens, kv = self._first_pass(ks, batch, context_len)
+        first_tokens, kv, multi = self._first_pass(ks, batch, context_len)
         rest = (k - 1) * self.step.step_time(b, b * context_len, b)
         seqs = np.broadcast_to(b, first_tokens.shape)
-        return self.step.step_time(first_tokens, kv, seqs) + rest
+        return self.step.step_time(first_tokens, kv, seqs, multi) + rest
 
     def off_time(self, batch: np.ndarray, context_len: float) -> np.ndarray:
         """Cost while a per-batch-size schedule has k = 0: vLLM still runs the draft's first pass
@@ -324,9 +328,10 @@ class ModelDraftCost:
 
     def prefill_time(self, ks: np.ndarray, batch: np.ndarray, context_len: float, prompt_len: float) -> np.ndarray:
         """``[k, B]``: what one new prompt of ``prompt_len`` tokens adds to the draft's first pass."""
-        first, kv = self._first_pass(ks, batch, context_len)
+        first, kv, multi = self._first_pass(ks, batch, context_len)
         seqs = np.broadcast_to(np.asarray(batch, float)[None, :], first.shape)
-        return self.step.step_time(first + prompt_len, kv + prompt_len, seqs + 1) - self.step.step_time(first, kv, seqs)
+        return (self.step.step_time(first + prompt_len, kv + prompt_len, seqs + 1, multi)
+                - self.step.step_time(first, kv, seqs, multi))
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -654,7 +659,7 @@ def predict_costs(
         kv = b * context_len
         t_base = np.asarray(target.step_time(b, kv, b), float)
         t_verify = np.asarray(
-            target.step_time(b[None, :] * (k_arr[:, None] + 1), kv[None, :], b[None, :]), float
+            target.step_time(b[None, :] * (k_arr[:, None] + 1), kv[None, :], b[None, :], kv[None, :]), float
         )
         t_draft = np.asarray(draft.draft_time(k_arr, b, context_len), float)
         t_spec = (frac[:, None] * (t_draft + t_verify + spec_overhead_s) + (1.0 - frac[:, None]) * t_base[None, :]
@@ -670,7 +675,8 @@ def predict_costs(
         base = target.step_time(b + prompt_len, kv + prompt_len, b + 1) - target.step_time(b, kv, b)
         verify = b[None, :] * (k_arr[:, None] + 1)
         seqs = b[None, :]
-        spec = (target.step_time(verify + prompt_len, kv[None, :] + prompt_len, seqs + 1) - target.step_time(verify, kv[None, :], seqs)
+        spec = (target.step_time(verify + prompt_len, kv[None, :] + prompt_len, seqs + 1, kv[None, :])
+                - target.step_time(verify, kv[None, :], seqs, kv[None, :])
                 + draft.prefill_time(k_arr, b, context_len, prompt_len))
         return share * np.asarray(base, float), share[None, :] * np.asarray(spec, float)
 

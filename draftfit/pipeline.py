@@ -18,7 +18,7 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 from contextlib import nullcontext
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -102,8 +102,9 @@ def _profile_key(ref: ModelRef, engine_fields: dict, plan: dict) -> str:
     import platform
 
     raw = json.dumps(
+        # "verification": profiles that timed it at the first context only have no multi-query term
         {"model": fingerprint(ref), **engine_fields, "plan": plan, "machine": platform.node(), "cpus": os.cpu_count(),
-         "compute": "served"},
+         "compute": "served", "verification": "every context"},
         sort_keys=True,
     )
     return hashlib.sha256(raw.encode()).hexdigest()[:20]
@@ -249,7 +250,7 @@ def _timed_steps(target_ref: ModelRef, speculative: dict | None, plan: Sequence[
     import platform
 
     from draftfit.refs import model_dir
-    from draftfit.spec_timing import SpecStepTiming
+    from draftfit.spec_timing import SpecStepTiming, timing_context
 
     tokens = _spec_tokens(study, prompts)
     # all batches in one entry: timed on one engine in one sitting, as the correction compares them
@@ -260,8 +261,13 @@ def _timed_steps(target_ref: ModelRef, speculative: dict | None, plan: Sequence[
     path = cache_subdir("spec_steps") / f"{hashlib.sha256(raw.encode()).hexdigest()[:20]}.json"
     data = read_checked_json(path, what="speculative-step cache entry")
     if isinstance(data, dict) and data.get("kind") == "measured" and isinstance(data.get("timings"), list):
-        timings = [SpecStepTiming.from_dict(t) for t in data["timings"]]
-        paired = [[SpecStepTiming.from_dict(t) for t in r] for r in data.get("baseline") or []]
+        def read(entry: dict) -> SpecStepTiming:
+            t = SpecStepTiming.from_dict(entry)
+            # entries timed before the context was recorded: the same prompts and tokens give it
+            return t if t.context_len is not None else replace(t, context_len=timing_context(prompts, tokens, t.batch))
+
+        timings = [read(t) for t in data["timings"]]
+        paired = [[read(t) for t in r] for r in data.get("baseline") or []]
     else:
         progress(f"timing {label}")
         engine = _served_engine(served or model_dir(target_ref, trust_remote_code=trust_remote_code), speculative,
@@ -614,9 +620,9 @@ class RankRun:
         if not timings and not self.served_base:
             return target_step, draft_cost, None
 
-        def parts(k: int, batch: int = 1) -> tuple[float, float, float]:
-            bare = predict_costs(target_step, draft_cost, [max(k, 1)], [1.0], concurrency=[batch], context_len=context_len,
-                                 spec_overhead_s=0.0)
+        def parts(k: int, batch: int = 1, context: float | None = None) -> tuple[float, float, float]:
+            bare = predict_costs(target_step, draft_cost, [max(k, 1)], [1.0], concurrency=[batch],
+                                 context_len=context_len if context is None else context, spec_overhead_s=0.0)
             return float(bare.t_base[0]), float(bare.t_verify[0, 0]), float(bare.t_draft[0, 0])
 
         if not timings:

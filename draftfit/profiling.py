@@ -1,5 +1,6 @@
 """Measured step-time profile: time real engine steps on the machine at hand and fit
-``T = a + b·batched_tokens + c·kv_tokens`` (draftfit.hardware.fit_step_profile).
+``T = a + b·batched_tokens + c·kv_tokens + d·multi_query_kv_tokens``
+(draftfit.hardware.fit_step_profile).
 
 Two kinds of timing, both on a live vLLM ``LLM``:
 
@@ -11,6 +12,8 @@ Two kinds of timing, both on a live vLLM ``LLM``:
   prompts of ``L`` cached tokens plus ``m`` new ones generate one token, so the engine runs one step
   over ``B·m`` tokens. The fixed cost of such a one-step call is measured by the same call with
   ``m = 1`` and taken off: ``verify(B, L, m) = call(B, L, m) − (call(B, L, 1) − decode(B, L))``;
+  timed at every context length, as what a multi-token query adds grows with the context it
+  reads (the profile's ``d``);
 * **a prefill** of one uncached prompt as long as the longest context timed, the same way at
   ``B = 1``: what a request arriving mid-run adds to the step it joins (the cost model's prefill
   interference). Verification steps span tens of tokens; without a prompt-sized step the per-token
@@ -55,8 +58,15 @@ class TimedStep:
     def kv_tokens(self) -> float:
         return self.batch_size * self.context_len
 
+    @property
+    def multi_query_kv_tokens(self) -> float:
+        """The KV a multi-token query reads: a verification's (a prefill's own attention is in its
+        tokens, as the cost model adds a prompt)."""
+        return self.kv_tokens if self.kind == "verify" else 0.0
+
     def to_dict(self) -> dict[str, Any]:
-        return {**asdict(self), "batched_tokens": self.batched_tokens, "kv_tokens": self.kv_tokens}
+        return {**asdict(self), "batched_tokens": self.batched_tokens, "kv_tokens": self.kv_tokens,
+                "multi_query_kv_tokens": self.multi_query_kv_tokens}
 
 
 @dataclass(frozen=True)
@@ -136,7 +146,7 @@ def measure_step_profile(
         return statistics.median(run(make_prompts(), max_tokens) for _ in range(repeats))
 
     steps: list[TimedStep] = []
-    call_overheads: dict[int, float] = {}  # batch size → fixed cost of a one-step call
+    call_overheads: dict[int, float] = {}  # batch size → fixed cost of a one-step call (at the first context)
     m1, m2 = decode_tokens
     for context in contexts:
         # one pool of prefixes per context, largest batch first: the smaller batches take its first
@@ -154,10 +164,11 @@ def measure_step_profile(
             t2 = median_run(lambda p=tails: p, m2)
             decode = max((t2 - t1) / (m2 - m1), 1e-6)
             steps.append(TimedStep("decode", batch_size, 1, context + 1 + (m1 + m2) / 2, decode))
-            if batch_size not in verify_batches or context != contexts[0]:
+            if batch_size not in verify_batches:
                 continue
             one_step = median_run(lambda p=prefixes: [x + tokens(1) for x in p], 1)
-            call_overhead = call_overheads[batch_size] = max(one_step - decode, 0.0)
+            call_overhead = max(one_step - decode, 0.0)
+            call_overheads.setdefault(batch_size, call_overhead)
             for k in verify_ks:
                 if progress:
                     progress(f"verify B={batch_size} L={context} k={k}")
@@ -174,6 +185,8 @@ def measure_step_profile(
         [s.batched_tokens for s in steps],
         [s.kv_tokens for s in steps],
         [s.seconds for s in steps],
+        # d only from verification at two contexts or more (draftfit.hardware.fit_step_profile)
+        multi_query_kv=[s.multi_query_kv_tokens for s in steps] if len(contexts) > 1 else None,
         origin=origin,
     )
     return MeasuredProfile(profile, tuple(steps), time.perf_counter() - started)

@@ -71,6 +71,7 @@ class SpecStepTiming:
     kind: str = "measured"
     batch: int = 1  # sequences in flight
     repeats: int = 1  # timings this one is the median of (the served baseline beside each candidate)
+    context_len: float | None = None  # mean cached tokens per sequence over the timed steps (timing_context)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -97,8 +98,33 @@ def median_timings(repeats: Sequence[Sequence[SpecStepTiming]]) -> list[SpecStep
             drafted_fraction=float(sum(t.drafted_fraction * t.steps for t in group) / steps) if steps else 0.0,
             steps=float(steps), prompts=group[0].prompts,
             spread=float((max(seconds) - min(seconds)) / median) if len(group) > 1 else group[0].spread,
-            batch=batch, repeats=sum(t.repeats for t in group)))
+            batch=batch, repeats=sum(t.repeats for t in group), context_len=group[0].context_len))
     return out
+
+
+def timing_groups(prompts: Sequence[Sequence[int]], batch: int) -> list[list[Sequence[int]]]:
+    """The prompts of each timed run: one at a time (``batch`` 1), or ``batch`` at once, cycled, in
+    BATCH_GROUPS rotations."""
+    if batch <= 1:
+        return [[p] for p in prompts]
+    return [[prompts[(r + j) % len(prompts)] for j in range(batch)] for r in range(BATCH_GROUPS)]
+
+
+def timed_tokens(tokens: tuple[int, int], batch: int) -> tuple[int, int]:
+    """The two differenced runs' tokens: every step of a batch times ``batch`` tokens, so half the
+    steps suffice there."""
+    m1, m2 = tokens
+    return (m1, m2) if batch <= 1 else (m1, max(m1 + 1, m2 // 2))
+
+
+def timing_context(prompts: Sequence[Sequence[int]], tokens: tuple[int, int], batch: int) -> float:
+    """Mean cached tokens per sequence over the differenced steps of :func:`time_spec_steps`: each
+    sequence's prompt plus the middle of the tokens generated between the two runs' ends. The
+    correction compares a timing with the profile at this context, not the study's (the timing
+    prompts are a few of the study's, and their contexts are not its mean)."""
+    m1, m2 = timed_tokens(tokens, batch)
+    lengths = [len(p) for group in timing_groups(prompts, batch) for p in group]
+    return float(np.mean(lengths)) + (m1 + m2) / 2.0 if lengths else float((m1 + m2) / 2.0)
 
 
 def timing_batches(concurrency: Sequence[int]) -> tuple[int, ...]:
@@ -147,7 +173,7 @@ def time_spec_steps(llm: Any, counters: Callable[[], Any] | None, prompts: Seque
     """
     from vllm import SamplingParams, TokensPrompt
 
-    m1, m2 = tokens
+    m1, m2 = timed_tokens(tokens, batch)
 
     def run(group: Sequence[Sequence[int]], max_tokens: int) -> tuple[float, float, float]:
         """Wall seconds, decode steps and drafts per sequence of one run of ``group`` at once."""
@@ -162,11 +188,7 @@ def time_spec_steps(llm: Any, counters: Callable[[], Any] | None, prompts: Seque
         n = len(group)
         return seconds, (n * (max_tokens - 1) - delta.num_accepted_tokens) / n, delta.num_drafts / n
 
-    if batch <= 1:
-        groups = [[p] for p in prompts]
-    else:
-        groups = [[prompts[(r + j) % len(prompts)] for j in range(batch)] for r in range(BATCH_GROUPS)]
-        m2 = max(m1 + 1, m2 // 2)  # every step of a batch times `batch` tokens: half the steps suffice
+    groups = timing_groups(prompts, batch)
     per_run, total_steps, total_drafts = [], 0.0, 0.0
     for group in groups:
         run(group, 1)  # its prefix cached, as in the timed runs
@@ -185,6 +207,7 @@ def time_spec_steps(llm: Any, counters: Callable[[], Any] | None, prompts: Seque
         k=int(k), seconds_per_step=float(median), drafted_fraction=float(np.clip(total_drafts / total_steps, 0.0, 1.0)),
         steps=total_steps, prompts=len(prompts) if batch > 1 else len(per_run),
         spread=float((max(per_run) - min(per_run)) / median), batch=int(max(batch, 1)),
+        context_len=timing_context(prompts, tokens, batch),
     )
 
 
@@ -232,7 +255,8 @@ DRAFT_SCALE_RANGE = (0.25, 4.0)  # outside it the timing is not trusted over the
 # per-pass work on a CPU, not its weights
 ASSUMED_SCALE_RANGE = (0.25, 50.0)
 
-Parts = Callable[[int, int], tuple[float, float, float]]
+# (k, batch, context) → the profile's (baseline, verification, proposer) seconds; context None: the study's
+Parts = Callable[[int, int, float | None], tuple[float, float, float]]
 ALONE_WEIGHT = 1e3  # the served_correction fit's weight of the step timed alone
 
 
@@ -250,12 +274,12 @@ def base_offsets(base: Sequence[SpecStepTiming] | SpecStepTiming | None, parts: 
     bases = _by_batch(base)
     if 1 not in bases:
         return 0.0, 0.0
-    offset = bases[1].seconds_per_step - parts(0, 1)[0]
+    offset = bases[1].seconds_per_step - parts(0, 1, bases[1].context_len)[0]
     batched = [b for b in bases if b > 1]
     if not batched:
         return offset, 0.0
     b = max(batched)
-    return offset, (bases[b].seconds_per_step - parts(0, b)[0] - offset) / (b - 1)
+    return offset, (bases[b].seconds_per_step - parts(0, b, bases[b].context_len)[0] - offset) / (b - 1)
 
 
 def served_correction(base: Sequence[SpecStepTiming] | SpecStepTiming | None,
@@ -264,8 +288,8 @@ def served_correction(base: Sequence[SpecStepTiming] | SpecStepTiming | None,
     """The correction from the served baseline's timed steps and the candidate's (each alone, and
     in a batch where timed).
 
-    ``parts(k, batch)`` gives the profile's (baseline, verification, proposer) seconds for ``batch``
-    sequences. A timed step of the candidate is ``f·(verify + offset + scale·proposer) + (1 − f)·(base
+    ``parts(k, batch, context)`` gives the profile's (baseline, verification, proposer) seconds for
+    ``batch`` sequences at the timing's context (``SpecStepTiming.context_len``). A timed step of the candidate is ``f·(verify + offset + scale·proposer) + (1 − f)·(base
     + offset) + overhead + per_seq·(batch − 1)``, the offset growing by the baseline's own per-sequence
     term. The unknowns are fitted by bounded least squares over the timings (exact where there are
     as many timings as unknowns): a model-free proposer's ``overhead`` (scale 1); a model draft's
@@ -277,7 +301,7 @@ def served_correction(base: Sequence[SpecStepTiming] | SpecStepTiming | None,
     from scipy.optimize import lsq_linear
 
     timed = sorted(_by_batch(timing).values(), key=lambda t: t.batch)
-    profiled = [parts(t.k, t.batch) for t in timed]
+    profiled = [parts(t.k, t.batch, t.context_len) for t in timed]
     offset, base_per_seq = base_offsets(base, parts)
     passes = not model_free and any(t.drafted_fraction * p[2] > 0 for t, p in zip(timed, profiled, strict=True))
     two_k = passes and len({t.k for t in timed}) > 1

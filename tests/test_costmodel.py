@@ -358,3 +358,25 @@ def test_prompt_lookup_pays_no_draft_prefill():
     p = predict_costs(target, ModelFreeDraftCost("ngram", cpu_seconds_per_seq=0.0), [3], [2.0], concurrency=[8],
                       context_len=0.0, prompt_len=500.0, output_len=100.0)
     assert p.i_spec[0, 0] == pytest.approx(p.i_base[0]) == pytest.approx(7 / 100 * 500 * 1e-4)
+
+
+def test_a_verification_pays_the_multi_query_term_on_its_context_and_a_decode_does_not():
+    """A profile with d (attention over a multi-token query, per context token): the target's
+    verification pays it on every sequence's context, as does a padded draft's first pass; plain
+    decode steps and the draft's later passes do not; the prefill stall adds the prompt, not d."""
+    d = 1.5e-6
+    target = MeasuredStepTime(StepProfile(a=0.010, b=1e-4, c=1e-6, d=d))
+    draft_step = MeasuredStepTime(StepProfile(a=0.001, b=1e-5, c=1e-7, d=d / 10))
+    draft = ModelDraftCost(draft_step)
+    p = predict_costs(target, draft, [3], [2.0], concurrency=[4], context_len=1000.0, prompt_len=300.0, output_len=50.0)
+    kv = 4 * 1000.0
+    assert p.t_base[0] == pytest.approx(0.010 + 4e-4 + kv * 1e-6)
+    assert p.t_verify[0, 0] == pytest.approx(0.010 + 16e-4 + kv * 1e-6 + kv * d)
+    first = 0.001 + 16e-5 + kv * 1e-7 + kv * d / 10
+    later = 0.001 + 4e-5 + kv * 1e-7
+    assert p.t_draft[0, 0] == pytest.approx(first + 2 * later)
+    no_d = predict_costs(MeasuredStepTime(StepProfile(a=0.010, b=1e-4, c=1e-6)),
+                         ModelDraftCost(MeasuredStepTime(StepProfile(a=0.001, b=1e-5, c=1e-7))), [3], [2.0],
+                         concurrency=[4], context_len=1000.0, prompt_len=300.0, output_len=50.0)
+    assert p.i_spec[0, 0] == pytest.approx(no_d.i_spec[0, 0])
+    assert p.speedup[0, 0] < no_d.speedup[0, 0]

