@@ -38,7 +38,9 @@ minutes, and every concurrency-1 speedup divides by it; five timings beside four
 The cost model then corrects the in-process step profiles by what the timings say
 (:class:`ServedCorrection`): a served target step's offset, the proposer's passes' scale, a
 model-free proposer's per-step overhead, and what each sequence in flight adds beyond the profile
-to a served step, plain and speculative (from the batched timings).
+to a served step, plain and speculative (from the batched timings). Each timing is compared with
+the profile at the context its own prompts had (:func:`timing_context`): the timing prompts are a
+few of the study's, shorter or longer than its mean, and the profile carries the difference.
 """
 
 from __future__ import annotations

@@ -76,10 +76,12 @@ def test_the_measured_path_times_the_served_steps(measured_run):
     from draftfit.costmodel import MeasuredStepTime, ModelFreeDraftCost, predict_costs
     from draftfit.hardware import StepProfile
 
-    context_len = next(c["cost"]["context_len"] for c in data["configs"])
+    # the baseline's timing records its prompts' context, which is not the study's mean
+    timed_context = served["baseline"]["context_len"]
+    assert timed_context > 0 and timed_context != next(c["cost"]["context_len"] for c in data["configs"])
     target_step = MeasuredStepTime(StepProfile.from_dict(data["targets"][0]["profile"]["profile"]))
     profile_step = float(predict_costs(target_step, ModelFreeDraftCost("ngram"), [1], [1.0], concurrency=[1],
-                                       context_len=context_len, spec_overhead_s=0.0).t_base[0])
+                                       context_len=timed_context, spec_overhead_s=0.0).t_base[0])
     for name, timings in served["speculative"].items():
         plan = [(3, 1), (3, 4)] if name == "ngram-2-4" else [(1, 1), (3, 2), (3, 4)]
         assert [(t["k"], t["batch"]) for t in timings] == plan and timings[0]["steps"] > 0, name
@@ -87,7 +89,7 @@ def test_the_measured_path_times_the_served_steps(measured_run):
         assert correction["timed_ks"] == sorted({k for k, _ in plan})
         assert correction["timed_batch"] == 4
         assert np.isfinite([correction["overhead_per_seq_s"], correction["base_per_seq_s"]]).all(), correction
-        # the offset is the served step less the profile's own step alone at the study's context
+        # the offset is the served step less the profile's own step alone, at the context it was timed at
         assert correction["base_offset_s"] == pytest.approx(served["baseline"]["seconds_per_step"] - profile_step, abs=1e-9)
     assert served["corrections"]["ngram-2-4"]["draft_scale"] == 1.0  # no proposer passes to scale
     self_draft = next(c for c in data["configs"] if c["candidate"] == "self-draft")

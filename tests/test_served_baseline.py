@@ -135,3 +135,21 @@ def test_a_candidate_is_timed_beside_the_baseline_where_both_fit(monkeypatch, sm
     monkeypatch.setattr("draftfit.parallelism.on_gpu", lambda: gpu)
     monkeypatch.setattr("draftfit.refs.model_dir", lambda ref, trust_remote_code=False: tmp_path)
     assert pipeline._fits_beside(smollm2_ref, None, None, baseline_up=baseline_up) is fits
+
+
+def test_a_cache_entry_timed_before_the_context_was_recorded_gets_it_from_its_prompts(timed, smollm2_ref):
+    """Entries written before SpecStepTiming.context_len: read back with the context their prompts
+    and tokens give (spec_timing.timing_context), which the correction compares them at."""
+    from draftfit.cachedir import read_checked_json, write_checked_json
+    from draftfit.spec_timing import timing_context
+
+    study = StudySettings(concurrency=[1, 4], max_model_len=1024)
+    [timing] = _time("c1", None, smollm2_ref, study)
+    [entry] = [p for p in pipeline.cache_subdir("spec_steps").iterdir() if p.suffix == ".json"]
+    payload = read_checked_json(entry)
+    for t in payload["timings"]:
+        del t["context_len"]
+    write_checked_json(entry, payload)
+    [again] = _time("c1", None, smollm2_ref, study)
+    assert again.seconds_per_step == timing.seconds_per_step
+    assert again.context_len == pytest.approx(timing_context([[1, 2, 3]], pipeline._spec_tokens(study, [[1, 2, 3]]), 1))
