@@ -711,9 +711,9 @@ def fit_step_profile(
     with_d = bool(np.any(mq > 0)) and np.linalg.matrix_rank(np.column_stack([np.ones_like(bt), bt, kv, mq])) == 4
 
     def fit(knee: float) -> tuple[np.ndarray, float]:
-        x = np.column_stack([np.ones_like(bt), np.maximum(bt, knee), kv, mq if with_d else np.zeros_like(mq)])
+        x = np.column_stack([np.ones_like(bt), np.maximum(bt, knee), kv, *([mq] if with_d else [])])
         coef = _nnls_small(x, t)
-        return coef, float(np.sum((t - x @ coef) ** 2))
+        return np.append(coef, [] if with_d else [0.0]), float(np.sum((t - x @ coef) ** 2))
 
     (a, b, c, d), sse = fit(0.0)
     knee = 0.0
