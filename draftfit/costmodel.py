@@ -580,6 +580,22 @@ def _find_break_even(levels: np.ndarray, speedup_of_b, k: int | None) -> BreakEv
     return BreakEven(k, "stops-paying", int(levels[i]), 0.5 * (lo + hi))
 
 
+def pass_times(target: StepTime, draft: DraftCost, ks: Sequence[int] | np.ndarray, seqs: Any,
+               context_len: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The target's plain step (per level), its verification of k drafts and the proposer's k
+    passes (k × level) for ``seqs`` sequences in flight — fractional where a timed batch's mean
+    occupancy is priced (draftfit.spec_timing) — each with ``context_len`` cached tokens."""
+    b = np.atleast_1d(np.asarray(seqs, float))
+    k_arr = np.asarray(ks, int)
+    kv = b * context_len
+    t_base = np.asarray(target.step_time(b, kv, b), float)
+    t_verify = np.asarray(
+        target.step_time(b[None, :] * (k_arr[:, None] + 1), kv[None, :], b[None, :], kv[None, :]), float
+    )
+    t_draft = np.asarray(draft.draft_time(k_arr, b, context_len), float)
+    return t_base, t_verify, t_draft
+
+
 def predict_costs(
     target: StepTime,
     draft: DraftCost,
@@ -656,12 +672,7 @@ def predict_costs(
 
     def parts(batch: np.ndarray):
         b = batch.astype(float)
-        kv = b * context_len
-        t_base = np.asarray(target.step_time(b, kv, b), float)
-        t_verify = np.asarray(
-            target.step_time(b[None, :] * (k_arr[:, None] + 1), kv[None, :], b[None, :], kv[None, :]), float
-        )
-        t_draft = np.asarray(draft.draft_time(k_arr, b, context_len), float)
+        t_base, t_verify, t_draft = pass_times(target, draft, k_arr, b, context_len)
         t_spec = (frac[:, None] * (t_draft + t_verify + spec_overhead_s) + (1.0 - frac[:, None]) * t_base[None, :]
                   + step_overhead_s + per_seq_extra(step_overhead_per_seq_s, b, per_seq_timed_batch)[None, :])
         return t_base, t_draft, t_verify, t_spec

@@ -37,6 +37,8 @@ NUM_DRAFTS = "vllm:spec_decode_num_drafts"
 NUM_DRAFT_TOKENS = "vllm:spec_decode_num_draft_tokens"
 NUM_ACCEPTED_TOKENS = "vllm:spec_decode_num_accepted_tokens"
 NUM_ACCEPTED_TOKENS_PER_POS = "vllm:spec_decode_num_accepted_tokens_per_pos"
+# one observation per engine step that produced output (its scheduled tokens): the count is the engine's steps
+ITERATION_TOKENS = "vllm:iteration_tokens_total"
 
 
 def _as_vector(values: Any) -> np.ndarray:
@@ -218,6 +220,19 @@ def counts_from_vllm_metrics(metrics: Iterable[Any]) -> SpecCounts:
             fix="Create the LLM with a speculative_config and disable_log_stats=False.",
         )
     return SpecCounts(drafts, draft_tokens, accepted, per_pos)
+
+
+def iterations_from_vllm_metrics(metrics: Iterable[Any]) -> int:
+    """The engine steps so far, from ``LLM.get_metrics()`` (the count of ITERATION_TOKENS, summed
+    over engines). In a batch whose sequences finish apart (one accepts more drafts) the engine runs
+    more steps than the mean sequence does: only this count says how many."""
+    counts = [int(m.count) for m in metrics if getattr(m, "name", None) == ITERATION_TOKENS]
+    if not counts:
+        raise DraftfitError(
+            f"the vLLM metrics hold no {ITERATION_TOKENS} histogram",
+            fix="Create the LLM with disable_log_stats=False.",
+        )
+    return sum(counts)
 
 
 # what a live `vllm serve` exposes at /metrics beside the spec-decode counters

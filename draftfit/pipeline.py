@@ -150,7 +150,8 @@ def _time_plan(engine, speculative: bool, prompts: list[list[int]], plan: Sequen
     from draftfit.spec_timing import time_spec_steps
 
     counters = engine.spec_counters if speculative else None
-    return [time_spec_steps(engine.llm, counters, prompts, k, tokens=tokens, batch=batch) for batch, k in plan]
+    return [time_spec_steps(engine.llm, counters, prompts, k, tokens=tokens, batch=batch, iterations=engine.engine_iterations)
+            for batch, k in plan]
 
 
 class ServedBaseline:
@@ -256,6 +257,8 @@ def _timed_steps(target_ref: ModelRef, speculative: dict | None, plan: Sequence[
     # all batches in one entry: timed on one engine in one sitting, as the correction compares them
     raw = json.dumps({"target": fingerprint(target_ref), "spec": speculative, **engine_fields, "prompts": prompts,
                       "tokens": tokens, "batches": [list(x) for x in plan], "machine": platform.node(),
+                      # timed per engine step since the occupancy was counted: earlier entries per mean sequence's step
+                      "steps": "engine",
                       "cpus": os.cpu_count(), **({"served": served} if served else {})},
                      sort_keys=True, default=str)
     path = cache_subdir("spec_steps") / f"{hashlib.sha256(raw.encode()).hexdigest()[:20]}.json"
@@ -607,7 +610,7 @@ class RankRun:
             OffsetStepTime,
             ScaledDraftCost,
             ScaledStepTime,
-            predict_costs,
+            pass_times,
         )
         from draftfit.spec_timing import (
             ASSUMED_SCALE_RANGE,
@@ -620,10 +623,10 @@ class RankRun:
         if not timings and not self.served_base:
             return target_step, draft_cost, None
 
-        def parts(k: int, batch: int = 1, context: float | None = None) -> tuple[float, float, float]:
-            bare = predict_costs(target_step, draft_cost, [max(k, 1)], [1.0], concurrency=[batch],
-                                 context_len=context_len if context is None else context, spec_overhead_s=0.0)
-            return float(bare.t_base[0]), float(bare.t_verify[0, 0]), float(bare.t_draft[0, 0])
+        def parts(k: int, seqs: float = 1.0, context: float | None = None) -> tuple[float, float, float]:
+            t_base, t_verify, t_draft = pass_times(target_step, draft_cost, [max(k, 1)], seqs,
+                                                   context_len if context is None else context)
+            return float(t_base[0]), float(t_verify[0, 0]), float(t_draft[0, 0])
 
         if not timings:
             offset, per_seq = base_offsets(self.served_base, parts)

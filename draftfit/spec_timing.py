@@ -12,10 +12,15 @@ speculative engine pays per sequence for what the profile's passes do not hold (
 with 4 sequences), which a timing at concurrency 1 cannot see.
 
 Two runs of ``m1`` and ``m2`` tokens per prompt are differenced, so prefill, admission and output
-processing cancel. A decode step emits its accepted drafts plus one token, so a run of ``m``
-tokens takes ``m − 1 − accepted`` decode steps (vLLM's counters, differenced around the run; in a
-batch, the mean over its sequences); the time per step is Δwall ÷ Δsteps, and the share of steps
-that carried drafts is Δdrafts ÷ Δsteps (prompt lookup proposes only where it finds a match).
+processing cancel. A decode step emits its accepted drafts plus one token, so a sequence's run of
+``m`` tokens takes ``m − 1 − accepted`` decode steps (vLLM's counters, differenced around the run);
+the share of a sequence's steps that carried drafts is Δdrafts ÷ Δsteps (prompt lookup proposes
+only where it finds a match). The time per step is Δwall ÷ the engine's own steps (its iteration
+count): in a batch, a sequence that accepts more finishes first and the rest run on without it, so
+the engine runs more steps than the mean sequence does, with fewer sequences than the batch
+(``occupancy``, the mean sequences per step). Dividing by the mean sequence's steps instead read
+prompt lookup's step at four in flight 58–68 ms where the engine's steps took 44–49 ms at 2.9 per
+step (SmolLM2 bf16, 2-core EPYC; one of the three prompts accepted at every position).
 
 A proposer that runs passes (a draft model, an EAGLE head, an MTP layer) costs some per pass and
 some per step whatever k is (its bookkeeping, the rejection sampler); one k cannot tell the two
@@ -74,6 +79,12 @@ class SpecStepTiming:
     batch: int = 1  # sequences in flight
     repeats: int = 1  # timings this one is the median of (the served baseline beside each candidate)
     context_len: float | None = None  # mean cached tokens per sequence over the timed steps (timing_context)
+    occupancy: float | None = None  # mean sequences per engine step over the timed steps; None: not counted
+
+    @property
+    def sequences(self) -> float:
+        """Sequences in flight over the timed steps: the occupancy where counted, else the batch."""
+        return float(self.batch) if self.occupancy is None else float(self.occupancy)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -100,8 +111,14 @@ def median_timings(repeats: Sequence[Sequence[SpecStepTiming]]) -> list[SpecStep
             drafted_fraction=float(sum(t.drafted_fraction * t.steps for t in group) / steps) if steps else 0.0,
             steps=float(steps), prompts=group[0].prompts,
             spread=float((max(seconds) - min(seconds)) / median) if len(group) > 1 else group[0].spread,
-            batch=batch, repeats=sum(t.repeats for t in group), context_len=group[0].context_len))
+            batch=batch, repeats=sum(t.repeats for t in group), context_len=group[0].context_len,
+            occupancy=_mean_or_none([t.occupancy for t in group])))
     return out
+
+
+def _mean_or_none(values: Sequence[float | None]) -> float | None:
+    known = [v for v in values if v is not None]
+    return float(np.mean(known)) if known else None
 
 
 def timing_groups(prompts: Sequence[Sequence[int]], batch: int) -> list[list[Sequence[int]]]:
@@ -166,42 +183,51 @@ def batch_schedule(plan: Sequence[tuple[int, int]]) -> list[list[int]] | None:
 
 
 def time_spec_steps(llm: Any, counters: Callable[[], Any] | None, prompts: Sequence[Sequence[int]], k: int, *,
-                    tokens: tuple[int, int] = DEFAULT_TOKENS, batch: int = 1) -> SpecStepTiming:
+                    tokens: tuple[int, int] = DEFAULT_TOKENS, batch: int = 1,
+                    iterations: Callable[[], int] | None = None) -> SpecStepTiming:
     """Time decode steps of ``llm`` (a ``vllm.LLM``): one prompt at a time (``batch`` 1), or
     ``batch`` prompts at once (the prompts cycled), in BATCH_GROUPS rotations.
 
     ``counters()`` returns the engine's cumulative :class:`~draftfit.metrics.SpecCounts`; ``None``
     for an engine without speculation (``k`` = 0: every decode step emits one token).
+    ``iterations()`` returns the engine's steps so far; ``None``: the engine's steps are taken to be
+    the mean sequence's (exact without speculation, where every sequence runs every step).
     """
     from vllm import SamplingParams, TokensPrompt
 
     m1, m2 = timed_tokens(tokens, batch)
 
-    def run(group: Sequence[Sequence[int]], max_tokens: int) -> tuple[float, float, float]:
-        """Wall seconds, decode steps and drafts per sequence of one run of ``group`` at once."""
+    def run(group: Sequence[Sequence[int]], max_tokens: int) -> tuple[float, float, float, float]:
+        """Wall seconds, decode steps and drafts per sequence, and the engine's steps, of one run of ``group`` at once."""
         params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True, detokenize=False)
         before = counters() if counters else None
+        steps_before = iterations() if iterations else None
         begin = time.perf_counter()
         llm.generate([TokensPrompt(prompt_token_ids=list(map(int, p))) for p in group], params, use_tqdm=False)
         seconds = time.perf_counter() - begin
-        if before is None:
-            return seconds, float(max_tokens - 1), 0.0
-        delta = counters() - before
         n = len(group)
-        return seconds, (n * (max_tokens - 1) - delta.num_accepted_tokens) / n, delta.num_drafts / n
+        if before is None:
+            steps, drafts = float(max_tokens - 1), 0.0
+        else:
+            delta = counters() - before
+            steps, drafts = (n * (max_tokens - 1) - delta.num_accepted_tokens) / n, delta.num_drafts / n
+        engine_steps = steps if steps_before is None else float(iterations() - steps_before)
+        return seconds, steps, drafts, engine_steps
 
     groups = timing_groups(prompts, batch)
-    per_run, total_steps, total_drafts = [], 0.0, 0.0
+    per_run, total_steps, total_drafts, sequence_steps, engine_steps = [], 0.0, 0.0, 0.0, 0.0
     for group in groups:
         run(group, 1)  # its prefix cached, as in the timed runs
-        t1, s1, d1 = run(group, m1)
-        t2, s2, d2 = run(group, m2)
-        steps = s2 - s1
-        if steps <= 0:
+        t1, s1, d1, e1 = run(group, m1)
+        t2, s2, d2, e2 = run(group, m2)
+        steps, ran = s2 - s1, e2 - e1
+        if steps <= 0 or ran <= 0:
             continue
-        per_run.append(max(t2 - t1, 1e-9) / steps)
+        per_run.append(max(t2 - t1, 1e-9) / ran)
         total_steps += steps
         total_drafts += d2 - d1
+        sequence_steps += len(group) * steps
+        engine_steps += ran
     if not per_run:
         raise RuntimeError("no decode steps were timed (every draft was accepted before max_tokens?)")
     median = statistics.median(per_run)
@@ -210,6 +236,8 @@ def time_spec_steps(llm: Any, counters: Callable[[], Any] | None, prompts: Seque
         steps=total_steps, prompts=len(prompts) if batch > 1 else len(per_run),
         spread=float((max(per_run) - min(per_run)) / median), batch=int(max(batch, 1)),
         context_len=timing_context(prompts, tokens, batch),
+        # a sequence never runs more steps than the engine: above the batch is a miscount, held at it
+        occupancy=float(min(sequence_steps / engine_steps, max(batch, 1))),
     )
 
 
@@ -257,8 +285,8 @@ DRAFT_SCALE_RANGE = (0.25, 4.0)  # outside it the timing is not trusted over the
 # per-pass work on a CPU, not its weights
 ASSUMED_SCALE_RANGE = (0.25, 50.0)
 
-# (k, batch, context) → the profile's (baseline, verification, proposer) seconds; context None: the study's
-Parts = Callable[[int, int, float | None], tuple[float, float, float]]
+# (k, sequences in flight, context) → the profile's (baseline, verification, proposer) seconds; context None: the study's
+Parts = Callable[[int, float, float | None], tuple[float, float, float]]
 ALONE_WEIGHT = 1e3  # the served_correction fit's weight of the step timed alone
 
 
@@ -276,12 +304,14 @@ def base_offsets(base: Sequence[SpecStepTiming] | SpecStepTiming | None, parts: 
     bases = _by_batch(base)
     if 1 not in bases:
         return 0.0, 0.0
-    offset = bases[1].seconds_per_step - parts(0, 1, bases[1].context_len)[0]
+    offset = bases[1].seconds_per_step - parts(0, 1.0, bases[1].context_len)[0]
     batched = [b for b in bases if b > 1]
     if not batched:
         return offset, 0.0
-    b = max(batched)
-    return offset, (bases[b].seconds_per_step - parts(0, b, bases[b].context_len)[0] - offset) / (b - 1)
+    top = bases[max(batched)]
+    if top.sequences <= 1.0:
+        return offset, 0.0
+    return offset, (top.seconds_per_step - parts(0, top.sequences, top.context_len)[0] - offset) / (top.sequences - 1)
 
 
 def served_correction(base: Sequence[SpecStepTiming] | SpecStepTiming | None,
@@ -290,10 +320,11 @@ def served_correction(base: Sequence[SpecStepTiming] | SpecStepTiming | None,
     """The correction from the served baseline's timed steps and the candidate's (each alone, and
     in a batch where timed).
 
-    ``parts(k, batch, context)`` gives the profile's (baseline, verification, proposer) seconds for
-    ``batch`` sequences at the timing's context (``SpecStepTiming.context_len``). A timed step of the candidate is ``f·(verify + offset + scale·proposer) + (1 − f)·(base
-    + offset) + overhead + per_seq·(batch − 1)``, the offset growing by the baseline's own per-sequence
-    term. The unknowns are fitted by bounded least squares over the timings (exact where there are
+    ``parts(k, n, context)`` gives the profile's (baseline, verification, proposer) seconds for
+    ``n`` sequences in flight (the timing's occupancy, :attr:`SpecStepTiming.sequences`) at the
+    timing's context (``SpecStepTiming.context_len``). A timed step of the candidate is
+    ``f·(verify + offset + scale·proposer) + (1 − f)·(base + offset) + overhead + per_seq·(n − 1)``,
+    the offset growing by the baseline's own per-sequence term. The unknowns are fitted by bounded least squares over the timings (exact where there are
     as many timings as unknowns): a model-free proposer's ``overhead`` (scale 1); a model draft's
     ``scale``, with ``overhead`` ≥ 0 beside it only where two k were timed (one k cannot tell a
     per-pass cost from a per-step one); ``per_seq`` where a batch was timed. The step timed alone
@@ -303,7 +334,7 @@ def served_correction(base: Sequence[SpecStepTiming] | SpecStepTiming | None,
     from scipy.optimize import lsq_linear
 
     timed = sorted(_by_batch(timing).values(), key=lambda t: t.batch)
-    profiled = [parts(t.k, t.batch, t.context_len) for t in timed]
+    profiled = [parts(t.k, t.sequences, t.context_len) for t in timed]
     offset, base_per_seq = base_offsets(base, parts)
     passes = not model_free and any(t.drafted_fraction * p[2] > 0 for t, p in zip(timed, profiled, strict=True))
     two_k = passes and len({t.k for t in timed}) > 1
@@ -312,8 +343,8 @@ def served_correction(base: Sequence[SpecStepTiming] | SpecStepTiming | None,
     rows, rhs = [], []
     for t, (t_base, t_verify, t_draft) in zip(timed, profiled, strict=True):
         f = t.drafted_fraction
-        shifted = offset + base_per_seq * (t.batch - 1)
-        column = {"overhead": 1.0, "scale": f * t_draft, "per_seq": float(t.batch - 1)}
+        shifted = offset + base_per_seq * (t.sequences - 1)
+        column = {"overhead": 1.0, "scale": f * t_draft, "per_seq": t.sequences - 1.0}
         weight = ALONE_WEIGHT if t.batch == 1 else 1.0
         rows.append([weight * column[n] for n in names])
         rhs.append(weight * (t.seconds_per_step - f * (t_verify + shifted) - (1 - f) * (t_base + shifted)))

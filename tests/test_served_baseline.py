@@ -36,6 +36,7 @@ class FakeEngine:
         self.llm, self.log, self.name = name, log, name
         self.closed = False
         self.spec_counters = None
+        self.engine_iterations = lambda: 0
         log.append(f"start {name}")
 
     def __enter__(self):
@@ -60,7 +61,7 @@ def timed(monkeypatch, tmp_path):
         engines.append(FakeEngine(log, "baseline" if speculative is None else speculative["model"]))
         return engines[-1]
 
-    def time_steps(llm, counters, prompts, k, *, tokens, batch=1):
+    def time_steps(llm, counters, prompts, k, *, tokens, batch=1, iterations=None):
         log.append(f"time {llm} b{batch}")
         ms = next(base_ms) if llm == "baseline" and batch == 1 else (40.0 if llm == "baseline" else 50.0)
         return _timing(ms, batch=batch, k=k)

@@ -128,20 +128,73 @@ def test_a_batch_is_timed_per_step_of_all_its_sequences(clock):
     timing = time_spec_steps(llm, llm.counters, [[1, 2, 3], [4, 5], [6]], k=2, tokens=(8, 40), batch=4)
     assert timing.batch == 4 and timing.seconds_per_step == pytest.approx(0.02 + 3 * 0.004)
     assert timing.drafted_fraction == pytest.approx(1.0)
+    assert timing.occupancy == pytest.approx(4.0) and timing.sequences == pytest.approx(4.0)
 
 
+class FakeUnevenLLM:
+    """A speculative engine whose sequences accept apart: a prompt starting with token 1 has all of
+    its ``k`` = 3 drafts accepted at every step, any other none. Each engine step costs ``step`` plus
+    ``per_seq`` per further sequence still running; a run's prefill is one engine step of its own."""
+
+    def __init__(self, step: float, per_seq: float):
+        self.step, self.per_seq, self.clock, self.steps = step, per_seq, 0.0, 0
+        self.counts = SpecCounts.zeros(3)
+
+    def generate(self, prompts, params, use_tqdm=False):
+        per_sequence = []
+        drafts = accepted = 0
+        for prompt in prompts:
+            tokens, steps = params.max_tokens - 1, 0
+            while tokens > 0:
+                take = min(3 if prompt.get("prompt_token_ids")[0] == 1 else 0, tokens - 1)
+                steps, drafts, accepted, tokens = steps + 1, drafts + 1, accepted + take, tokens - take - 1
+            per_sequence.append(steps)
+        running = [sum(s > i for s in per_sequence) for i in range(max(per_sequence))]
+        self.clock += 0.5 + sum(self.step + self.per_seq * (r - 1) for r in running)
+        self.steps += 1 + len(running)
+        self.counts = self.counts + SpecCounts(drafts, 3 * drafts, accepted, np.zeros(3))
+        return []
+
+    def counters(self):
+        return self.counts
+
+    def iterations(self):
+        return self.steps
+
+
+def test_a_batch_whose_sequences_finish_apart_is_timed_per_engine_step(clock):
+    """Batches [p₁ p₂ p₃ p₁] and [p₂ p₃ p₁ p₂] of 8 and 20 tokens, where p₁ takes 4 tokens a step
+    and the others 1 (by hand: p₁ runs 2 and 5 steps, the others 7 and 19). Differenced: 12 engine
+    steps each, carrying 30 and 39 sequence-steps — 2.5 and 3.25 sequences per step, 2.875 over
+    both. Each engine step costs 20 ms + 4 ms per further sequence, so the timed step is the step at
+    2.875 sequences: 27.5 ms. Divided by the mean sequence's steps instead (7.5 and 9.75), the same
+    runs read 41.6 and 35.7 ms."""
+    llm = FakeUnevenLLM(step=0.020, per_seq=0.004)
+    clock["llm"] = llm
+    prompts = [[1, 9], [2, 9], [3, 9]]
+    timing = time_spec_steps(llm, llm.counters, prompts, k=3, tokens=(8, 40), batch=4, iterations=llm.iterations)
+    assert timing.occupancy == pytest.approx(2.875)
+    assert timing.seconds_per_step == pytest.approx(0.020 + 0.004 * (2.875 - 1))
+    blind = time_spec_steps(llm, llm.counters, prompts, k=3, tokens=(8, 40), batch=4)
+    assert blind.seconds_per_step == pytest.approx((0.3120 / 7.5 + 0.348 / 9.75) / 2)
+    assert blind.occupancy == pytest.approx(4.0)
+
+
+@pytest.mark.parametrize("occupancy", [None, 2.5], ids=["full", "sequences-finished-apart"])
 @pytest.mark.parametrize("model_free", [False, True], ids=["draft-model", "model-free"])
-def test_the_batched_timings_give_what_each_sequence_adds(model_free):
+def test_the_batched_timings_give_what_each_sequence_adds(model_free, occupancy):
     """Served steps timed alone and at batch 4, plain and speculative, where the served engine pays
     3 ms per further sequence on every step and the speculative one 5 ms more (what the profile's
     passes do not hold): the corrected cost model gives back all four timed steps, and at batch 16
-    the per-sequence terms extrapolate linearly."""
+    the per-sequence terms extrapolate linearly. Where the batch's sequences finished apart (2.5
+    per engine step on average), its timing is the step at 2.5 sequences and is priced there."""
     from draftfit.costmodel import (
         MeasuredStepTime,
         ModelDraftCost,
         ModelFreeDraftCost,
         OffsetStepTime,
         ScaledDraftCost,
+        pass_times,
         predict_costs,
     )
     from draftfit.hardware import StepProfile
@@ -158,14 +211,18 @@ def test_the_batched_timings_give_what_each_sequence_adds(model_free):
 
     truth = {"offset": 0.004, "base_seq": 0.003, "scale": 1.0 if model_free else 0.7,
              "overhead": 0.002 if model_free else 0.0, "spec_seq": 0.005}
-    timed = {b: predicted(b, 3, **truth) for b in (1, 4, 16)}
+    timed = {b: predicted(b, 3, **truth) for b in (1, 2, 3, 4, 16)}
 
-    def parts(k, batch=1, context=None):
-        p = predict_costs(target, draft, [max(k, 1)], [1.0], concurrency=[batch], context_len=300, spec_overhead_s=0.0)
-        return float(p.t_base[0]), float(p.t_verify[0, 0]), float(p.t_draft[0, 0])
+    def parts(k, seqs=1.0, context=None):
+        t_base, t_verify, t_draft = pass_times(target, draft, [max(k, 1)], seqs, 300)
+        return float(t_base[0]), float(t_verify[0, 0]), float(t_draft[0, 0])
 
     base = [SpecStepTiming(0, float(timed[b].t_base[0]), 0.0, 100, 3, 0.1, batch=b) for b in (1, 4)]
-    spec = [SpecStepTiming(3, float(timed[b].t_spec[0, 0]), 0.6, 100, 3, 0.1, batch=b) for b in (1, 4)]
+    # below the knee every term is linear in the sequences: the step at 2.5 is the mean of those at 2 and 3
+    batched = float(timed[4].t_spec[0, 0]) if occupancy is None else (
+        float(timed[2].t_spec[0, 0]) + float(timed[3].t_spec[0, 0])) / 2
+    spec = [SpecStepTiming(3, float(timed[1].t_spec[0, 0]), 0.6, 100, 3, 0.1),
+            SpecStepTiming(3, batched, 0.6, 100, 3, 0.1, batch=4, occupancy=occupancy)]
     c = served_correction(base, spec, parts, model_free=model_free)
     assert (c.base_offset_s, c.base_per_seq_s, c.draft_scale, c.step_overhead_s, c.overhead_per_seq_s) == pytest.approx(
         tuple(truth.values()), abs=1e-9)
@@ -184,8 +241,8 @@ def test_a_batch_timed_below_the_profiles_growth_holds_beyond_it():
 
     profile = MeasuredStepTime(StepProfile(a=0.038, b=0.002, c=0.0))
 
-    def parts(k, batch=1, context=None):
-        return float(profile.step_time(batch, 0.0, batch)), 0.0, 0.0
+    def parts(k, seqs=1.0, context=None):
+        return float(profile.step_time(seqs, 0.0, seqs)), 0.0, 0.0
 
     base = [SpecStepTiming(0, 0.041, 0.0, 100, 3, 0.1), SpecStepTiming(0, 0.041, 0.0, 100, 3, 0.1, batch=4)]
     offset, per_seq = base_offsets(base, parts)

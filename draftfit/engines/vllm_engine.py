@@ -49,7 +49,7 @@ from draftfit.engines.base import (
 )
 from draftfit.engines.watchdog import ensure_watchdog, is_resource_tracker, is_watchdog
 from draftfit.errors import DraftfitError, EngineMissing
-from draftfit.metrics import SpecCounts, counts_from_vllm_metrics
+from draftfit.metrics import SpecCounts, counts_from_vllm_metrics, iterations_from_vllm_metrics
 from draftfit.parallelism import Parallelism
 
 QUIET_LEVEL = "ERROR"
@@ -397,6 +397,9 @@ class VLLMEngine(Engine):
         self.progress = progress
         self.max_logprobs = int(max_logprobs)
         kwargs = engine_kwargs(self.model_dir, max_logprobs=self.max_logprobs, logprobs_mode="processed_logprobs", **options)
+        if served_layout:
+            # `vllm serve` keeps stats on, and the step timings count the engine's steps from them
+            kwargs.setdefault("disable_log_stats", False)
         self.max_model_len = kwargs["max_model_len"]
         self._speculative = "speculative_config" in kwargs
         self._options = {k: v for k, v in kwargs.items() if k != "model"}
@@ -651,6 +654,10 @@ class VLLMEngine(Engine):
         if not self._speculative:
             return SpecCounts.zeros()
         return counts_from_vllm_metrics(self.llm.get_metrics())
+
+    def engine_iterations(self) -> int:
+        """The engine steps run so far (a speculative or served-layout engine: stats on)."""
+        return iterations_from_vllm_metrics(self.llm.get_metrics())
 
     def generate_tokens(
         self, prompt_token_ids: Sequence[Sequence[int]], sampling: SamplingSpec
