@@ -149,8 +149,10 @@ def _time_plan(engine, speculative: bool, prompts: list[list[int]], plan: Sequen
     """Each (batch, k) of ``plan`` timed on ``engine`` (draftfit.spec_timing.time_spec_steps)."""
     from draftfit.spec_timing import time_spec_steps
 
-    counters = engine.spec_counters if speculative else None
-    return [time_spec_steps(engine.llm, counters, prompts, k, tokens=tokens, batch=batch, iterations=engine.engine_iterations)
+    # without speculation every sequence runs every step; the plain engine keeps its stats off, as a
+    # second stat logger in this process would unregister the speculative engine's counters
+    counters, iterations = (engine.spec_counters, engine.engine_iterations) if speculative else (None, None)
+    return [time_spec_steps(engine.llm, counters, prompts, k, tokens=tokens, batch=batch, iterations=iterations)
             for batch, k in plan]
 
 

@@ -397,9 +397,6 @@ class VLLMEngine(Engine):
         self.progress = progress
         self.max_logprobs = int(max_logprobs)
         kwargs = engine_kwargs(self.model_dir, max_logprobs=self.max_logprobs, logprobs_mode="processed_logprobs", **options)
-        if served_layout:
-            # `vllm serve` keeps stats on, and the step timings count the engine's steps from them
-            kwargs.setdefault("disable_log_stats", False)
         self.max_model_len = kwargs["max_model_len"]
         self._speculative = "speculative_config" in kwargs
         self._options = {k: v for k, v in kwargs.items() if k != "model"}
