@@ -173,6 +173,7 @@ class ServedBaseline:
         self.repeats: list[list] = []  # every baseline timing of this run: timed here, or read with a cached candidate
         self.failure: str | None = None
         self.unpaired: dict[str, str] = {}  # candidate → why it was timed without the baseline beside it
+        self.from_cache: list[list] = []  # candidates' cached timings that came with the baseline timed beside them
         self._engine = None
         self._latest: list | None = None  # the last timing, while no candidate was timed after it
 
@@ -213,6 +214,10 @@ class ServedBaseline:
                 self.repeats.append(list(timings))
                 seen.append([t.to_dict() for t in timings])
 
+    def paired_from_cache(self, timings: list) -> bool:
+        """Whether ``timings`` came from the cache with the baseline timed beside them."""
+        return any(t is timings for t in self.from_cache)
+
     @property
     def up(self) -> bool:
         return self._engine is not None
@@ -242,12 +247,15 @@ def _fits_beside(target_ref: ModelRef, config, engine_config, *, baseline_up: bo
 
 def _timed_steps(target_ref: ModelRef, speculative: dict | None, plan: Sequence[tuple[int, int]], study: StudySettings,
                  engine_config, engine_fields: dict, prompts: list[list[int]], progress: Progress, label: str, *,
-                 trust_remote_code: bool = False, served: str | None = None, baseline: ServedBaseline | None = None) -> list:
+                 trust_remote_code: bool = False, served: str | None = None, baseline: ServedBaseline | None = None,
+                 cached_baseline: ServedBaseline | None = None) -> list:
     """Decode steps in the served layout (draftfit.spec_timing) of the target with ``speculative``
     (``None``: no speculation, its engine core in a process of its own), at each (batch, k) of
     ``plan``, on one engine: from the cache, else timed. ``served``: a checkpoint served in the
     target's place (the target with its MTP layer). ``baseline``: the plain target's served engine,
-    timed just before and after these steps (kept with them in the cache entry)."""
+    timed just before and after these steps (kept with them in the cache entry). ``cached_baseline``:
+    where a cached entry was timed beside the baseline, the baseline its timings are recorded with
+    (``baseline`` where not given)."""
     import hashlib
     import os
     import platform
@@ -273,6 +281,9 @@ def _timed_steps(target_ref: ModelRef, speculative: dict | None, plan: Sequence[
 
         timings = [read(t) for t in data["timings"]]
         paired = [[read(t) for t in r] for r in data.get("baseline") or []]
+        baseline = baseline if baseline is not None else cached_baseline
+        if baseline is not None and paired:
+            baseline.from_cache.append(timings)
     else:
         progress(f"timing {label}")
         engine = _served_engine(served or model_dir(target_ref, trust_remote_code=trust_remote_code), speculative,
@@ -313,12 +324,14 @@ def spec_step_timings(plan: PlannedDraft, target_ref: ModelRef, study: StudySett
     ks = "/".join(str(k) for k in sorted({k for _, k in timed}))
     beside = baseline if baseline is not None and _fits_beside(target_ref, config, engine_config, baseline_up=baseline.up,
                                                                trust_remote_code=trust_remote_code) else None
-    if baseline is not None and beside is None:
+    timings = _timed_steps(target_ref, speculative, timed, study, engine_config, engine_fields, prompts, progress,
+                           f"{plan.candidate.name}'s speculative steps at k={ks}", trust_remote_code=trust_remote_code,
+                           served=config.target, baseline=beside, cached_baseline=baseline)
+    # a cached entry keeps the baseline it was timed beside, whatever fits in memory now
+    if baseline is not None and beside is None and not baseline.paired_from_cache(timings):
         baseline.unpaired[plan.candidate.name] = ("its engine and the target's do not both fit in the memory available "
                                                   "(verify's estimate: weights, the KV fraction, runtime)")
-    return _timed_steps(target_ref, speculative, timed, study, engine_config, engine_fields, prompts, progress,
-                        f"{plan.candidate.name}'s speculative steps at k={ks}", trust_remote_code=trust_remote_code,
-                        served=config.target, baseline=beside)
+    return timings
 
 
 def _spec_tokens(study: StudySettings, prompts: list[list[int]]) -> tuple[int, int]:

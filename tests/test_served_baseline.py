@@ -109,6 +109,24 @@ def test_each_candidate_is_timed_between_two_baseline_timings(timed, smollm2_ref
     assert again.median() == baseline.median()
 
 
+def test_a_cached_entry_keeps_its_baseline_where_both_engines_no_longer_fit(timed, smollm2_ref):
+    """A candidate timed beside the baseline, read back from the cache where memory would not hold
+    both engines now (a resumed run: nothing up yet): its baseline timings count as before."""
+    log, _ = timed
+    study = StudySettings(concurrency=[1, 4], max_model_len=1024)
+    baseline = pipeline.ServedBaseline(smollm2_ref, study, None, [[1, 2, 3]], lambda message: None)
+    try:
+        _time("c1", baseline, smollm2_ref, study)
+    finally:
+        baseline.close()
+    again = pipeline.ServedBaseline(smollm2_ref, study, None, [[1, 2, 3]], lambda message: None)
+    before = len(log)
+    timings = pipeline._timed_steps(smollm2_ref, {"model": "c1"}, ((1, 2),), study, None, {"engine": "fake"}, [[1, 2, 3]],
+                                    lambda message: None, "c1", baseline=None, cached_baseline=again)
+    assert len(log) == before and again.paired_from_cache(timings)
+    assert again.median() == baseline.median()
+
+
 def test_a_baseline_that_cannot_start_leaves_the_candidate_timed_unpaired(timed, smollm2_ref, monkeypatch):
     log, _ = timed
     study = StudySettings(concurrency=[1], max_model_len=1024)

@@ -653,7 +653,7 @@ class VLLMEngine(Engine):
         return counts_from_vllm_metrics(self.llm.get_metrics())
 
     def engine_iterations(self) -> int:
-        """The engine steps run so far (a speculative or served-layout engine: stats on)."""
+        """The engine steps run so far (a speculative engine: its stats are on)."""
         return iterations_from_vllm_metrics(self.llm.get_metrics())
 
     def generate_tokens(
