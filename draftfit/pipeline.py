@@ -173,7 +173,6 @@ class ServedBaseline:
         self.repeats: list[list] = []  # every baseline timing of this run: timed here, or read with a cached candidate
         self.failure: str | None = None
         self.unpaired: dict[str, str] = {}  # candidate → why it was timed without the baseline beside it
-        self.from_cache: list[list] = []  # candidates' cached timings that came with the baseline timed beside them
         self._engine = None
         self._latest: list | None = None  # the last timing, while no candidate was timed after it
 
@@ -214,10 +213,6 @@ class ServedBaseline:
                 self.repeats.append(list(timings))
                 seen.append([t.to_dict() for t in timings])
 
-    def paired_from_cache(self, timings: list) -> bool:
-        """Whether ``timings`` came from the cache with the baseline timed beside them."""
-        return any(t is timings for t in self.from_cache)
-
     @property
     def up(self) -> bool:
         return self._engine is not None
@@ -248,14 +243,15 @@ def _fits_beside(target_ref: ModelRef, config, engine_config, *, baseline_up: bo
 def _timed_steps(target_ref: ModelRef, speculative: dict | None, plan: Sequence[tuple[int, int]], study: StudySettings,
                  engine_config, engine_fields: dict, prompts: list[list[int]], progress: Progress, label: str, *,
                  trust_remote_code: bool = False, served: str | None = None, baseline: ServedBaseline | None = None,
-                 cached_baseline: ServedBaseline | None = None) -> list:
+                 beside: bool = True, candidate: str | None = None) -> list:
     """Decode steps in the served layout (draftfit.spec_timing) of the target with ``speculative``
     (``None``: no speculation, its engine core in a process of its own), at each (batch, k) of
     ``plan``, on one engine: from the cache, else timed. ``served``: a checkpoint served in the
     target's place (the target with its MTP layer). ``baseline``: the plain target's served engine,
-    timed just before and after these steps (kept with them in the cache entry). ``cached_baseline``:
-    where a cached entry was timed beside the baseline, the baseline its timings are recorded with
-    (``baseline`` where not given)."""
+    timed just before and after these steps where ``beside`` (both engines fit in memory), and kept
+    with them in the cache entry; a cached entry's baseline timings are recorded with ``baseline``
+    whatever fits now. ``candidate``: whose steps these are, named in ``baseline.unpaired`` where
+    they have no baseline timed beside them because it did not fit."""
     import hashlib
     import os
     import platform
@@ -281,23 +277,23 @@ def _timed_steps(target_ref: ModelRef, speculative: dict | None, plan: Sequence[
 
         timings = [read(t) for t in data["timings"]]
         paired = [[read(t) for t in r] for r in data.get("baseline") or []]
-        baseline = baseline if baseline is not None else cached_baseline
-        if baseline is not None and paired:
-            baseline.from_cache.append(timings)
     else:
         progress(f"timing {label}")
         engine = _served_engine(served or model_dir(target_ref, trust_remote_code=trust_remote_code), speculative,
                                 engine_config)
         with engine:
-            paired = [baseline.before()] if baseline is not None else []
+            paired = [baseline.before()] if baseline is not None and beside else []
             timings = _time_plan(engine, speculative is not None, prompts, plan, tokens)
-            if baseline is not None:
+            if baseline is not None and beside:
                 paired.append(baseline.after())
         paired = [r for r in paired if r]
         write_checked_json(path, {"kind": "measured", "timings": [t.to_dict() for t in timings]}
                            | ({"baseline": [[t.to_dict() for t in r] for r in paired]} if paired else {}))
     if baseline is not None:
         baseline.record(paired)
+        if not paired and not beside and candidate is not None:
+            baseline.unpaired[candidate] = ("its engine and the target's do not both fit in the memory available "
+                                            "(verify's estimate: weights, the KV fraction, runtime)")
     fault_point("spec_steps")
     return timings
 
@@ -322,16 +318,11 @@ def spec_step_timings(plan: PlannedDraft, target_ref: ModelRef, study: StudySett
     if schedule:
         speculative = {**speculative, "num_speculative_tokens_per_batch_size": schedule}
     ks = "/".join(str(k) for k in sorted({k for _, k in timed}))
-    beside = baseline if baseline is not None and _fits_beside(target_ref, config, engine_config, baseline_up=baseline.up,
-                                                               trust_remote_code=trust_remote_code) else None
-    timings = _timed_steps(target_ref, speculative, timed, study, engine_config, engine_fields, prompts, progress,
-                           f"{plan.candidate.name}'s speculative steps at k={ks}", trust_remote_code=trust_remote_code,
-                           served=config.target, baseline=beside, cached_baseline=baseline)
-    # a cached entry keeps the baseline it was timed beside, whatever fits in memory now
-    if baseline is not None and beside is None and not baseline.paired_from_cache(timings):
-        baseline.unpaired[plan.candidate.name] = ("its engine and the target's do not both fit in the memory available "
-                                                  "(verify's estimate: weights, the KV fraction, runtime)")
-    return timings
+    beside = baseline is not None and _fits_beside(target_ref, config, engine_config, baseline_up=baseline.up,
+                                                   trust_remote_code=trust_remote_code)
+    return _timed_steps(target_ref, speculative, timed, study, engine_config, engine_fields, prompts, progress,
+                        f"{plan.candidate.name}'s speculative steps at k={ks}", trust_remote_code=trust_remote_code,
+                        served=config.target, baseline=baseline, beside=beside, candidate=plan.candidate.name)
 
 
 def _spec_tokens(study: StudySettings, prompts: list[list[int]]) -> tuple[int, int]:

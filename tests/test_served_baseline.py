@@ -121,9 +121,9 @@ def test_a_cached_entry_keeps_its_baseline_where_both_engines_no_longer_fit(time
         baseline.close()
     again = pipeline.ServedBaseline(smollm2_ref, study, None, [[1, 2, 3]], lambda message: None)
     before = len(log)
-    timings = pipeline._timed_steps(smollm2_ref, {"model": "c1"}, ((1, 2),), study, None, {"engine": "fake"}, [[1, 2, 3]],
-                                    lambda message: None, "c1", baseline=None, cached_baseline=again)
-    assert len(log) == before and again.paired_from_cache(timings)
+    pipeline._timed_steps(smollm2_ref, {"model": "c1"}, ((1, 2),), study, None, {"engine": "fake"}, [[1, 2, 3]],
+                          lambda message: None, "c1", baseline=again, beside=False, candidate="c1")
+    assert len(log) == before and again.unpaired == {}
     assert again.median() == baseline.median()
 
 
