@@ -42,10 +42,12 @@ Progress = Callable[[str], None]
 # prompt-sized prefill. The batch sizes are capped and completed by the study's largest concurrency (profile_batch_sizes).
 PROFILE_PLANS = {
     "standard": {"batch_sizes": (1, 8, 32), "context_lens": (128, 384), "repeats": 2, "verify_points": 3, "prefill": True,
-                 "spec_timing": True},
+                 "spec_timing": True, "spec_tokens": 128},
     "quick": {"batch_sizes": (1, 4), "context_lens": (128, 256), "repeats": 1, "verify_points": 2, "prefill": True,
-              "spec_timing": True},
+              "spec_timing": True, "spec_tokens": 64},
 }
+# the served steps' timing (draftfit.spec_timing): whether to time them, and the longer run's tokens
+SERVED_TIMING_KEYS = ("spec_timing", "spec_tokens")
 
 
 def profile_batch_sizes(plan_batches, concurrency) -> tuple[int, ...]:
@@ -133,8 +135,8 @@ def _served_engine(model: str | Path, speculative: dict | None, engine_config):
     """An engine in the served layout: its engine core in a process of its own, as `vllm serve` runs it."""
     from draftfit.engines.vllm_engine import VLLMEngine, config_options
 
-    options = {"speculative_config": speculative} if speculative is not None else {"served_layout": True}
-    return VLLMEngine(model, progress=False, **options, **config_options(engine_config))
+    options = {"speculative_config": speculative} if speculative is not None else {}
+    return VLLMEngine(model, progress=False, served_layout=True, **options, **config_options(engine_config))
 
 
 def _baseline_plan(study: StudySettings) -> tuple[tuple[int, int], ...]:
@@ -165,11 +167,11 @@ class ServedBaseline:
     unpaired (``failure``), and rank falls back to one timing of its own."""
 
     def __init__(self, target_ref: ModelRef, study: StudySettings, engine_config, prompts: list[list[int]],
-                 progress: Progress, *, trust_remote_code: bool = False):
+                 progress: Progress, *, trust_remote_code: bool = False, tokens: tuple[int, int] | None = None):
         self.target_ref, self.engine_config, self.prompts, self.progress = target_ref, engine_config, prompts, progress
         self.trust_remote_code = trust_remote_code
         self.plan = _baseline_plan(study)
-        self.tokens = _spec_tokens(study, prompts)
+        self.tokens = tokens or _spec_tokens(study, prompts)
         self.repeats: list[list] = []  # every baseline timing of this run: timed here, or read with a cached candidate
         self.failure: str | None = None
         self.unpaired: dict[str, str] = {}  # candidate → why it was timed without the baseline beside it
@@ -243,7 +245,7 @@ def _fits_beside(target_ref: ModelRef, config, engine_config, *, baseline_up: bo
 def _timed_steps(target_ref: ModelRef, speculative: dict | None, plan: Sequence[tuple[int, int]], study: StudySettings,
                  engine_config, engine_fields: dict, prompts: list[list[int]], progress: Progress, label: str, *,
                  trust_remote_code: bool = False, served: str | None = None, baseline: ServedBaseline | None = None,
-                 beside: bool = True, candidate: str | None = None) -> list:
+                 beside: bool = True, candidate: str | None = None, tokens: tuple[int, int] | None = None) -> list:
     """Decode steps in the served layout (draftfit.spec_timing) of the target with ``speculative``
     (``None``: no speculation, its engine core in a process of its own), at each (batch, k) of
     ``plan``, on one engine: from the cache, else timed. ``served``: a checkpoint served in the
@@ -251,7 +253,8 @@ def _timed_steps(target_ref: ModelRef, speculative: dict | None, plan: Sequence[
     timed just before and after these steps where ``beside`` (both engines fit in memory), and kept
     with them in the cache entry; a cached entry's baseline timings are recorded with ``baseline``
     whatever fits now. ``candidate``: whose steps these are, named in ``baseline.unpaired`` where
-    they have no baseline timed beside them because it did not fit."""
+    they have no baseline timed beside them because it did not fit. ``tokens``: the two differenced
+    runs' (default :func:`_spec_tokens`)."""
     import hashlib
     import os
     import platform
@@ -259,7 +262,7 @@ def _timed_steps(target_ref: ModelRef, speculative: dict | None, plan: Sequence[
     from draftfit.refs import model_dir
     from draftfit.spec_timing import SpecStepTiming, timing_context
 
-    tokens = _spec_tokens(study, prompts)
+    tokens = tokens or _spec_tokens(study, prompts)
     # all batches in one entry: timed on one engine in one sitting, as the correction compares them
     raw = json.dumps({"target": fingerprint(target_ref), "spec": speculative, **engine_fields, "prompts": prompts,
                       "tokens": tokens, "batches": [list(x) for x in plan], "machine": platform.node(),
@@ -300,7 +303,7 @@ def _timed_steps(target_ref: ModelRef, speculative: dict | None, plan: Sequence[
 
 def spec_step_timings(plan: PlannedDraft, target_ref: ModelRef, study: StudySettings, engine_config, engine_fields: dict,
                       prompts: list[list[int]], progress: Progress, *, trust_remote_code: bool = False,
-                      baseline: ServedBaseline | None = None) -> list:
+                      baseline: ServedBaseline | None = None, tokens: tuple[int, int] | None = None) -> list:
     """Real speculative steps of the candidate alone and in a batch, at the k of
     draftfit.spec_timing.timing_plan: from the cache, else timed — beside ``baseline``, timed
     around them, where both engines fit in memory."""
@@ -322,25 +325,26 @@ def spec_step_timings(plan: PlannedDraft, target_ref: ModelRef, study: StudySett
                                                    trust_remote_code=trust_remote_code)
     return _timed_steps(target_ref, speculative, timed, study, engine_config, engine_fields, prompts, progress,
                         f"{plan.candidate.name}'s speculative steps at k={ks}", trust_remote_code=trust_remote_code,
-                        served=config.target, baseline=baseline, beside=beside, candidate=plan.candidate.name)
+                        served=config.target, baseline=baseline, beside=beside, candidate=plan.candidate.name, tokens=tokens)
 
 
-def _spec_tokens(study: StudySettings, prompts: list[list[int]]) -> tuple[int, int]:
+def _spec_tokens(study: StudySettings, prompts: list[list[int]], most: int | None = None) -> tuple[int, int]:
     """Tokens of the two differenced runs: as many as fit beside the longest timing prompt (up to
-    DEFAULT_TOKENS[1]), so a draft accepted at every position still leaves enough steps to time."""
+    ``most``, default DEFAULT_TOKENS[1]), so a draft accepted at every position still leaves enough steps to time."""
     from draftfit.spec_timing import DEFAULT_TOKENS
 
     room = study.max_model_len - max((len(p) for p in prompts), default=0) - 1
-    m2 = max(2, min(DEFAULT_TOKENS[1], room))
+    m2 = max(2, min(most or DEFAULT_TOKENS[1], room))
     return max(1, min(DEFAULT_TOKENS[0], m2 // 4)), m2
 
 
 def served_baseline_timing(target_ref: ModelRef, study: StudySettings, engine_config, engine_fields: dict,
-                           prompts: list[list[int]], progress: Progress, *, trust_remote_code: bool = False) -> list:
+                           prompts: list[list[int]], progress: Progress, *, trust_remote_code: bool = False,
+                           tokens: tuple[int, int] | None = None) -> list:
     """The target's decode steps in the served layout (its engine core in a process of its own, no
     speculation), alone and in a batch: from the cache, else timed."""
     return _timed_steps(target_ref, None, _baseline_plan(study), study, engine_config, engine_fields, prompts, progress,
-                        "the target's served decode steps", trust_remote_code=trust_remote_code)
+                        "the target's served decode steps", trust_remote_code=trust_remote_code, tokens=tokens)
 
 
 def _is_measured_profile(data) -> bool:
@@ -439,7 +443,7 @@ class RankRun:
         measured = study.latency_source == "measured"
         max_k = max(max(p.candidate.k) for p in plans)
         # the step profile's own part of the plan (spec_timing is the served steps' timing)
-        plan = {**{k: v for k, v in self.profile_plan.items() if k != "spec_timing"}, "max_k": max_k,
+        plan = {**{k: v for k, v in self.profile_plan.items() if k not in SERVED_TIMING_KEYS}, "max_k": max_k,
                 "batch_sizes": profile_batch_sizes(self.profile_plan["batch_sizes"], study.concurrency)}
         profiles: dict[str, dict] = {}
 
@@ -495,8 +499,9 @@ class RankRun:
             from draftfit.spec_timing import DEFAULT_PROMPTS
 
             timing_prompts = prompt_ids[:DEFAULT_PROMPTS]
+            tokens = _spec_tokens(study, timing_prompts, self.profile_plan.get("spec_tokens"))
             baseline = ServedBaseline(target_ref, study, engine_config, timing_prompts, self.progress,
-                                      trust_remote_code=self.trust_remote_code)
+                                      trust_remote_code=self.trust_remote_code, tokens=tokens)
             try:
                 for p in plans:
                     if p.skip_reason:
@@ -504,7 +509,7 @@ class RankRun:
                     try:
                         spec_steps[p.candidate.name] = spec_step_timings(
                             p, target_ref, study, engine_config, engine_fields, timing_prompts,
-                            self.progress, trust_remote_code=self.trust_remote_code, baseline=baseline)
+                            self.progress, trust_remote_code=self.trust_remote_code, baseline=baseline, tokens=tokens)
                     except Exception as exc:  # noqa: BLE001 - the prediction then rests on the profiles alone, and says so
                         note = (f"{p.candidate.name}: its speculative steps could not be timed ({error_line(exc)}); its "
                                 "speed is predicted from the step profiles alone, which read high at concurrency 1")
@@ -524,7 +529,8 @@ class RankRun:
             if not self.served_base:
                 try:
                     self.served_base = served_baseline_timing(target_ref, study, engine_config, engine_fields, timing_prompts,
-                                                              self.progress, trust_remote_code=self.trust_remote_code)
+                                                              self.progress, trust_remote_code=self.trust_remote_code,
+                                                              tokens=tokens)
                     self.served_repeats = [self.served_base]
                 except Exception as exc:  # noqa: BLE001 - the prediction then rests on the profiles alone, and says so
                     note = (f"the target's served decode steps could not be timed ({type(exc).__name__}); speeds rest on "

@@ -63,6 +63,7 @@ def timed(monkeypatch, tmp_path):
 
     def time_steps(llm, counters, prompts, k, *, tokens, batch=1, iterations=None):
         log.append(f"time {llm} b{batch}" + (" counting engine steps" if iterations else ""))
+        log.append(f"tokens {tokens[0]}-{tokens[1]}")
         ms = next(base_ms) if llm == "baseline" and batch == 1 else (40.0 if llm == "baseline" else 50.0)
         return _timing(ms, batch=batch, k=k)
 
@@ -88,6 +89,7 @@ def test_each_candidate_is_timed_between_two_baseline_timings(timed, smollm2_ref
     finally:
         baseline.close()
     timings = [line for line in log if line.startswith("time")]
+    assert {line for line in log if line.startswith("tokens")} == {"tokens 8-128"}  # the standard plan's
     # B C₁ B C₂ B: one candidate's "after" is the next one's "before"
     # the speculative engines' steps are counted (vLLM's stats); the plain one keeps its stats off: a
     # second stat logger in the process would unregister the speculative engine's counters
@@ -174,3 +176,25 @@ def test_a_cache_entry_timed_before_the_context_was_recorded_gets_it_from_its_pr
     [again] = _time("c1", None, smollm2_ref, study)
     assert again.seconds_per_step == timing.seconds_per_step
     assert again.context_len == pytest.approx(timing_context([[1, 2, 3]], pipeline._spec_tokens(study, [[1, 2, 3]]), 1))
+
+
+def test_the_quick_plan_times_shorter_runs_in_entries_of_their_own(timed, smollm2_ref):
+    """`--profile-plan quick` runs the served timings 64 tokens long: the baseline's and the
+    candidate's, cached apart from the standard plan's 128-token timings."""
+    log, _ = timed
+    study = StudySettings(concurrency=[1, 4], max_model_len=1024)
+    prompts = [[1, 2, 3]]
+    quick = pipeline._spec_tokens(study, prompts, pipeline.PROFILE_PLANS["quick"]["spec_tokens"])
+    assert quick == (8, 64) and pipeline._spec_tokens(study, prompts) == (8, 128)
+    # the room beside the longest timing prompt still caps it
+    assert pipeline._spec_tokens(study, [[1] * 983], 64) == (8, 40)
+    baseline = pipeline.ServedBaseline(smollm2_ref, study, None, prompts, lambda message: None, tokens=quick)
+    try:
+        pipeline._timed_steps(smollm2_ref, {"model": "c1"}, ((1, 2),), study, None, {"engine": "fake"}, prompts,
+                              lambda message: None, "c1", baseline=baseline, tokens=quick)
+    finally:
+        baseline.close()
+    assert {line for line in log if line.startswith("tokens")} == {"tokens 8-64"}
+    before = len(log)
+    _time("c1", None, smollm2_ref, study)  # the standard plan's: not the quick entry
+    assert "time c1 b1 counting engine steps" in log[before:]

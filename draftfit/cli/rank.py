@@ -17,7 +17,8 @@ from draftfit.cli.options import show_prompts, study_options, trust_remote_code
 @study_options("prompts", "prompt_column", "messages_column", "category_column", "sample_size", "seed", "temperature", "top_p", "max_tokens", "max_model_len",
                "draft_sample_method", "dtype", "latency_source")
 @click.option("--profile-plan", type=click.Choice(["standard", "quick"]), default="standard", show_default=True,
-              help="How many engine steps to time for the measured latency profile (quick: fewer, noisier).")
+              help="How many engine steps to time for the measured latency profile and the served steps "
+                   "(quick: fewer, noisier; the served runs 64 tokens long, not 128).")
 @study_options("gpu", "gpu_count", "tensor_parallel_size", "pipeline_parallel_size", "data_parallel_size",
                "distributed_executor_backend", "gpu_memory_utilization", "engine_memory_utilization",
                "concurrency", "primary_concurrency", "vllm_version")
