@@ -456,6 +456,11 @@ def test_staggered_starts_spread_the_first_wave():
     assert first[0].start < first[1].start < first[2].start < first[3].start
     assert all(r.tokens == 8 and r.error is None for r in records)
     assert engine.max_in_flight == 4
+    # the requests after the first wave queue behind it in order: none takes a slot while the first
+    # wave's later requests wait out their stagger (started together, equal responses advance in
+    # lock-step and every prefill lands where nobody decodes)
+    assert [r.index for r in sorted(records, key=lambda r: r.start)] == list(range(8))
+    assert records[4].start >= records[0].end
 
 
 # ---------------------------------------------------------------------------------------------

@@ -87,7 +87,9 @@ async def send_load(engine: LoadTarget, plan: RunPlan, concurrency: int, tag: st
     live service and each new prompt arrives while the others decode. Started together, equal
     responses would advance in lock-step without speculation — every prefill then lands in a step
     where nobody decodes — while speculative runs drift apart and pay for every arrival: a
-    comparison biased toward the baseline at concurrency > 1.
+    comparison biased toward the baseline at concurrency > 1. Requests start in their order: a later
+    one queues for a slot only once the one before it has started, so the first wave is requests
+    0 … c−1, not the first c to reach the slot while 1 … c−1 wait out their stagger.
     """
     semaphore = asyncio.Semaphore(concurrency)
     n_prompts = len(plan.prompts)
@@ -97,11 +99,18 @@ async def send_load(engine: LoadTarget, plan: RunPlan, concurrency: int, tag: st
 
     async def one(record: RequestRecord) -> None:
         needed = stagger_tokens(record.index, concurrency, plan.max_tokens)
-        if needed:
-            async with progress:
-                await progress.wait_for(lambda: produced["tokens"] >= needed or all(r.end is not None for r in records[: record.index]))
+        previous = records[record.index - 1] if record.index else None
+
+        def may_queue() -> bool:
+            staggered = not needed or produced["tokens"] >= needed or all(r.end is not None for r in records[: record.index])
+            return staggered and (previous is None or previous.start is not None or previous.end is not None)
+
+        async with progress:
+            await progress.wait_for(may_queue)
         async with semaphore:
             record.start = time.perf_counter()
+            async with progress:
+                progress.notify_all()
             try:
                 async for chunk in engine.stream(plan, record.prompt_index, f"{tag}-{record.index}"):
                     now = time.perf_counter()
