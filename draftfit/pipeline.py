@@ -135,8 +135,7 @@ def _served_engine(model: str | Path, speculative: dict | None, engine_config):
     """An engine in the served layout: its engine core in a process of its own, as `vllm serve` runs it."""
     from draftfit.engines.vllm_engine import VLLMEngine, config_options
 
-    options = {"speculative_config": speculative} if speculative is not None else {}
-    return VLLMEngine(model, progress=False, served_layout=True, **options, **config_options(engine_config))
+    return VLLMEngine(model, progress=False, served_layout=True, speculative_config=speculative, **config_options(engine_config))
 
 
 def _baseline_plan(study: StudySettings) -> tuple[tuple[int, int], ...]:
