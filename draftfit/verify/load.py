@@ -103,7 +103,7 @@ async def send_load(engine: LoadTarget, plan: RunPlan, concurrency: int, tag: st
 
         def may_queue() -> bool:
             staggered = not needed or produced["tokens"] >= needed or all(r.end is not None for r in records[: record.index])
-            return staggered and (previous is None or previous.start is not None or previous.end is not None)
+            return staggered and (previous is None or previous.start is not None)
 
         async with progress:
             await progress.wait_for(may_queue)
