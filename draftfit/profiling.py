@@ -14,10 +14,12 @@ Two kinds of timing, both on a live vLLM ``LLM``:
   ``m = 1`` and taken off: ``verify(B, L, m) = call(B, L, m) − (call(B, L, 1) − decode(B, L))``;
   timed at every context length, as what a multi-token query adds grows with the context it
   reads (the profile's ``d``);
-* **a prefill** of one uncached prompt as long as the longest context timed, the same way at
-  ``B = 1``: what a request arriving mid-run adds to the step it joins (the cost model's prefill
-  interference). Verification steps span tens of tokens; without a prompt-sized step the per-token
-  cost of a prefill would be extrapolated from them.
+* **prefills** of one uncached prompt at each of ``prefill_lens`` (those the engine's context
+  holds), the same way at ``B = 1``: what a request arriving mid-run adds to the step it joins (the
+  cost model's prefill interference). Verification steps span tens of tokens; without prompt-sized
+  steps the per-token cost of a prefill would be extrapolated from them, and at two lengths or more
+  the fit prices a prefill's attention over its own tokens, which grows with their square
+  (draftfit.hardware.StepProfile ``e``).
 
 Context lengths are rounded to whole KV blocks so the prefix cache holds exactly the ``L`` tokens;
 the batches of one context share their prefixes, so each context is prefilled once.
@@ -39,7 +41,7 @@ from typing import Any
 
 import numpy as np
 
-from draftfit.hardware import StepProfile, fit_step_profile
+from draftfit.hardware import StepProfile, fit_step_profile, prefill_pairs
 
 
 @dataclass(frozen=True)
@@ -61,12 +63,17 @@ class TimedStep:
     @property
     def multi_query_kv_tokens(self) -> float:
         """The KV a multi-token query reads: a verification's (a prefill's own attention is in its
-        tokens, as the cost model adds a prompt)."""
+        tokens and :attr:`prefill_pairs`, as the cost model adds a prompt)."""
         return self.kv_tokens if self.kind == "verify" else 0.0
+
+    @property
+    def prefill_pairs(self) -> float:
+        """A prefill's query–key pairs among its own tokens (draftfit.hardware.StepProfile)."""
+        return prefill_pairs(self.tokens_per_seq) if self.kind == "prefill" else 0.0
 
     def to_dict(self) -> dict[str, Any]:
         return {**asdict(self), "batched_tokens": self.batched_tokens, "kv_tokens": self.kv_tokens,
-                "multi_query_kv_tokens": self.multi_query_kv_tokens}
+                "multi_query_kv_tokens": self.multi_query_kv_tokens, "prefill_pairs": self.prefill_pairs}
 
 
 @dataclass(frozen=True)
@@ -82,6 +89,13 @@ class MeasuredProfile:
             "steps": [step.to_dict() for step in self.steps],
             "wall_seconds": self.wall_seconds,
         }
+
+
+def _max_model_len(llm: Any) -> float:
+    try:
+        return float(llm.llm_engine.vllm_config.model_config.max_model_len)
+    except AttributeError:
+        return float("inf")
 
 
 def _block_size(llm: Any) -> int:
@@ -111,7 +125,7 @@ def measure_step_profile(
     verify_batch_sizes: Sequence[int] | None = None,
     decode_tokens: tuple[int, int] = (4, 20),
     repeats: int = 3,
-    prefill: bool = True,
+    prefill_lens: Sequence[int] = (),
     seed: int = 0,
     origin: str = "",
     progress: Callable[[str], None] | None = None,
@@ -174,19 +188,21 @@ def measure_step_profile(
                     progress(f"verify B={batch_size} L={context} k={k}")
                 call = median_run(lambda p=prefixes, k=k: [x + tokens(k + 1) for x in p], 1)
                 steps.append(TimedStep("verify", batch_size, k + 1, context, max(call - call_overhead, 1e-6)))
-    if prefill and 1 in call_overheads:
-        length = contexts[-1]
+    lengths = sorted({int(n) for n in prefill_lens if 0 < n < _max_model_len(llm)}) if 1 in call_overheads else []
+    for length in lengths:
         if progress:
             progress(f"prefill of {length} tokens")
-        call = median_run(lambda: [tokens(length)], 1)  # new tokens every run: nothing cached
+        call = median_run(lambda n=length: [tokens(n)], 1)  # new tokens every run: nothing cached
         # its KV: the prompt's own tokens, as the interference adds a prompt (draftfit.costmodel)
         steps.append(TimedStep("prefill", 1, length, length, max(call - call_overheads[1], 1e-6)))
     profile = fit_step_profile(
         [s.batched_tokens for s in steps],
         [s.kv_tokens for s in steps],
         [s.seconds for s in steps],
-        # d only from verification at two contexts or more (draftfit.hardware.fit_step_profile)
+        # d only from verification at two contexts or more, e from prefills at two lengths or more
+        # (draftfit.hardware.fit_step_profile)
         multi_query_kv=[s.multi_query_kv_tokens for s in steps] if len(contexts) > 1 else None,
+        prefill_pairs=[s.prefill_pairs for s in steps],
         origin=origin,
     )
     return MeasuredProfile(profile, tuple(steps), time.perf_counter() - started)

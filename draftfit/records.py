@@ -62,6 +62,9 @@ class LevelEntry(_SpeedPredicted, total=False):
     itl_spec_ms_predicted: Annotated[Num, _("Predicted mean ITL of this configuration, ms (prefill stall included).")]
     prefill_stall_base_ms_predicted: Annotated[Num, _("Predicted per-token wait for other requests' prefills, baseline, ms.")]
     prefill_stall_spec_ms_predicted: Annotated[Num, _("The same with speculation (the draft prefills too), ms.")]
+    prefill_base_ms_predicted: Annotated[list[Num], _("What each sampled prompt's prefill adds to the plain step it rides in, ms (sample order): "
+                                                      "the stall is (concurrency − 1) × their mean / the mean answer length.")]
+    prefill_spec_ms_predicted: Annotated[list[Num], _("The same for a speculative step (the draft's own prefill included), ms.")]
     tok_s_per_seq_predicted: Annotated[Num, _("Predicted output tokens per second of one request.")]
     al_measured: Annotated[Num, _("Copied from `verify`'s entry at this level: vLLM's mean acceptance length.")]
     speedup_measured: Annotated[Num, _("Copied from `verify`'s entry: measured baseline ITL / this ITL.")]

@@ -353,6 +353,26 @@ def test_prefill_interference_by_hand():
     assert p.to_dict()["interference_spec_s"][0][1] == pytest.approx(p.i_spec[0, 1])
 
 
+def test_the_prefill_stall_is_the_mean_over_each_prompts_own_prefill():
+    """Prompts of 100 and 1,900 tokens, a profile whose prefill pays e per query–key pair: the stall
+    is (B − 1) / mean answer × the mean of the two prefills, above that of one 1,000-token prompt
+    (the cost grows with the square); each prompt's own cost is kept for verify's subsets."""
+    from draftfit.hardware import prefill_pairs
+
+    e = 4e-7
+    target = MeasuredStepTime(StepProfile(a=0.010, b=1e-4, c=0.0, e=e))
+    free = ModelFreeDraftCost("ngram", cpu_seconds_per_seq=0.0)
+    both = predict_costs(target, free, [2], [2.0], concurrency=[4], context_len=0.0, prompt_len=[100.0, 1900.0],
+                         output_len=[40.0, 60.0])
+    own = [1e-4 * p + e * prefill_pairs(p) for p in (100.0, 1900.0)]
+    assert both.prefill_base[:, 0] == pytest.approx(own)
+    assert both.i_base[0] == pytest.approx(3 / 50 * np.mean(own))
+    assert both.prefills_ms(0, 0)["prefill_base_ms_predicted"] == pytest.approx([1000 * x for x in own])
+    at_mean = predict_costs(target, free, [2], [2.0], concurrency=[4], context_len=0.0, prompt_len=1000.0, output_len=50.0)
+    assert at_mean.i_base[0] == pytest.approx(3 / 50 * (0.1 + e * prefill_pairs(1000.0)))
+    assert both.i_base[0] > at_mean.i_base[0]
+
+
 def test_prompt_lookup_pays_no_draft_prefill():
     target = MeasuredStepTime(StepProfile(a=0.010, b=1e-4, c=0.0))
     p = predict_costs(target, ModelFreeDraftCost("ngram", cpu_seconds_per_seq=0.0), [3], [2.0], concurrency=[8],

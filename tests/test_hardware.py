@@ -322,6 +322,26 @@ def test_fit_without_multi_query_timings_has_no_d():
     assert prof.predict([2], [128], [128]) == pytest.approx(0.02 + 6e-4 + 2e-6 * 128, rel=1e-6)
 
 
+def test_fit_recovers_a_prefills_attention_from_two_lengths():
+    """Prefills timed at two lengths beside the decode and verification steps: e (per query–key
+    pair among a prefill's own tokens) is recovered and a long prompt's prefill is priced by it; at
+    one length e stays 0 (it and b would share that prefill)."""
+    from draftfit.hardware import prefill_pairs
+
+    a, b, c, e = 0.03, 1.4e-3, 1e-6, 4e-7  # ms/token 1.44 at 128 tokens, 2.2 at 2,048 (SmolLM2 bf16, one EPYC core)
+    bt, kv, mq = _plan_columns(profile_plan(batch_sizes=(1, 4), context_lens=(128, 256), max_k=3))
+    lengths = np.array([256.0, 1024.0])
+    bt, kv, mq = np.concatenate([bt, lengths]), np.concatenate([kv, lengths]), np.concatenate([mq, [0, 0]])
+    pp = np.concatenate([np.zeros(bt.size - 2), prefill_pairs(lengths)])
+    noise = np.random.default_rng(2).uniform(-0.005, 0.005, bt.size)
+    prof = fit_step_profile(bt, kv, (a + b * bt + c * kv + e * pp) * (1 + noise), multi_query_kv=mq, prefill_pairs=pp)
+    assert prof.e == pytest.approx(e, rel=0.2)
+    long = float(prof.predict(2048, 2048, 0, prefill_pairs(2048)))
+    assert long == pytest.approx(a + (b + c) * 2048 + e * prefill_pairs(2048), rel=0.05)
+    one = fit_step_profile(bt[:-1], kv[:-1], (a + b * bt + c * kv + e * pp)[:-1], multi_query_kv=mq[:-1], prefill_pairs=pp[:-1])
+    assert one.e == 0.0
+
+
 def test_fit_keeps_coefficients_non_negative():
     # Step time that *falls* with KV tokens: unconstrained least squares would give c < 0.
     bt = np.array([1, 2, 4, 8, 1, 2, 4, 8], float)

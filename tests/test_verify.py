@@ -697,6 +697,28 @@ def test_the_prediction_covers_the_prompts_verify_sent():
     assert predicted_level(results, None, None, 4, prompts_sent=1) == {"itl_ms_predicted": 36.0, "latency_source": None}
 
 
+def test_the_prefill_stall_is_the_sent_prompts_own():
+    """By hand: answers of 31 and 11 tokens; prefills adding 7 and 35 ms to a plain step, 14 and 70 to
+    a speculative one; 3 others in flight. All prompts: stalls 3·21/21 = 3 and 3·42/21 = 6 ms. The
+    first alone: 3·7/31 and 3·14/31 ms, the baseline's ITL 36 − 3 + 21/31, the configuration's
+    24 · (40/30) / 1.5 + 42/31."""
+    from draftfit.verify.comparison import predicted_level
+
+    results = _config_with_prompts()
+    level = results.configs[0]["per_concurrency"][0]
+    level |= {"prefill_stall_base_ms_predicted": 3.0, "prefill_base_ms_predicted": [7.0, 35.0],
+              "prefill_spec_ms_predicted": [14.0, 70.0]}
+    whole = predicted_level(results, "c", 2, 4, prompts_sent=2)
+    assert whole["itl_ms_predicted"] == 30.0 and whole["itl_base_ms_predicted"] == 36.0
+    first = predicted_level(results, "c", 2, 4, prompts_sent=1)
+    base, spec = 36 - 3 + 21 / 31, 24 * (40 / 30) / 1.5 + 42 / 31
+    assert first["itl_base_ms_predicted"] == pytest.approx(base)
+    assert first["itl_ms_predicted"] == pytest.approx(spec)
+    assert first["speedup_predicted"] == pytest.approx(1.2 * (30 / spec) * (base / 36))
+    assert predicted_level(results, None, None, 4, prompts_sent=1)["itl_ms_predicted"] == pytest.approx(base)
+    assert predicted_level(results, None, None, 4, prompts_sent=2)["itl_ms_predicted"] == 36.0
+
+
 @pytest.mark.slow
 def test_the_committed_example_verifies_anywhere_in_a_dry_run(smollm2_model):
     """The example was ranked on another machine: its target is found again by the reference the

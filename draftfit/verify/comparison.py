@@ -156,7 +156,8 @@ def predicted_level(results: results_mod.Results, candidate: str | None, k: int 
                 continue
             level = flat_level(config, own)
             if candidate is None:
-                return {"itl_ms_predicted": level["itl_base_ms_predicted"], "latency_source": level.get("latency_source")}
+                return {"itl_ms_predicted": base_itl_for_prompts(config, level, prompts_sent),
+                        "latency_source": level.get("latency_source")}
             predicted = {
                 "rule": config.get("rule"),
                 "exact": config.get("exact"),
@@ -184,40 +185,71 @@ def _al_and_tokens_per_step(drafts: np.ndarray, accepted: np.ndarray, answers: n
     return al, float(per_step[0])
 
 
+def _sent(config: dict[str, Any], prompts_sent: int | None) -> int | None:
+    """How many of the sample's prompts verify sent, where that is fewer than all (else None)."""
+    n = len((config.get("per_prompt_predicted") or {}).get("answer_tokens") or [])
+    return int(prompts_sent) if prompts_sent and n and prompts_sent < n else None
+
+
+def stall_for_prompts(config: dict[str, Any], level: dict[str, Any], which: str, prompts_sent: int) -> float:
+    """The prefill stall (``which``: base or spec), ms, of the first ``prompts_sent`` prompts:
+    (concurrency − 1) × their prefills' mean cost / their answers' mean length (draftfit.costmodel).
+    The sample's own stall where the results hold no per-prompt prefills (older results)."""
+    stall = float(level.get(f"prefill_stall_{which}_ms_predicted") or 0.0)
+    prefills = np.asarray(level.get(f"prefill_{which}_ms_predicted") or [], float)[:prompts_sent]
+    answers = np.asarray(config["per_prompt_predicted"]["answer_tokens"], float)[:prompts_sent]
+    if prefills.size != prompts_sent or not answers.mean() > 0:
+        return stall
+    return max(float(level["concurrency"]) - 1.0, 0.0) * float(prefills.mean()) / float(answers.mean())
+
+
+def base_itl_for_prompts(config: dict[str, Any], level: dict[str, Any], prompts_sent: int | None) -> float:
+    """The baseline's predicted ITL, ms, with the prefill stall of the prompts verify sent."""
+    itl = float(level["itl_base_ms_predicted"])
+    sent = _sent(config, prompts_sent)
+    if sent is None:
+        return itl
+    return itl - float(level.get("prefill_stall_base_ms_predicted") or 0.0) + stall_for_prompts(config, level, "base", sent)
+
+
 def for_prompts(predicted: dict[str, Any], config: dict[str, Any], level: dict[str, Any], prompts_sent: int | None) -> dict[str, Any]:
     """The prediction restricted to the first ``prompts_sent`` prompts of the sample.
 
     AL comes from those prompts' own predicted counters (exact at temperature 0; otherwise the
     full sample's point scaled by the subset's ratio). The speedup keeps the predicted step
-    time and prefill stall and divides the decode part of the ITL by the subset's tokens per
-    step: ITL = (ITL_spec − stall) · per_step_all / per_step_subset + stall. Unchanged when every
+    time, divides the decode part of the ITL by the subset's tokens per step and takes the
+    subset's own prefill stall (:func:`stall_for_prompts`), the baseline's too:
+    ITL = (ITL_spec − stall) · per_step_all / per_step_subset + stall_subset. Unchanged when every
     prompt was sent or the results hold no per-prompt counters (older results).
     """
+    sent = _sent(config, prompts_sent)
     per_prompt = config.get("per_prompt_predicted") or {}
     drafts = np.asarray(per_prompt.get("num_drafts") or [], float)
-    n = drafts.size
-    if not prompts_sent or not n or prompts_sent >= n:
+    if sent is None or drafts.size != len(per_prompt["answer_tokens"]):
         return predicted
     accepted = np.asarray(per_prompt["num_accepted_tokens"], float)
     answers = np.asarray(per_prompt["answer_tokens"], float)
     al_all, step_all = _al_and_tokens_per_step(drafts, accepted, answers)
-    al_sub, step_sub = _al_and_tokens_per_step(drafts[:prompts_sent], accepted[:prompts_sent], answers[:prompts_sent])
+    al_sub, step_sub = _al_and_tokens_per_step(drafts[:sent], accepted[:sent], answers[:sent])
     out = dict(predicted)
-    out["prompts_predicted"] = int(prompts_sent)
+    out["prompts_predicted"] = sent
     out["al_predicted_all_prompts"] = predicted["al_predicted"]
     out["speedup_predicted_all_prompts"] = predicted["speedup_predicted"]
     ratio = al_sub / al_all
     for key in ("al_predicted", "al_ci_low", "al_ci_high", "al_bound_low", "al_bound_high"):
         out[key] = max(1.0, predicted[key] * ratio)
-    draft_tokens = np.asarray(per_prompt.get("num_draft_tokens") or [], float)[:prompts_sent]
+    draft_tokens = np.asarray(per_prompt.get("num_draft_tokens") or [], float)[:sent]
     if draft_tokens.size and draft_tokens.sum() > 0:
-        out["acceptance_rate_predicted"] = float(accepted[:prompts_sent].sum() / draft_tokens.sum())
+        out["acceptance_rate_predicted"] = float(accepted[:sent].sum() / draft_tokens.sum())
     stall = float(level.get("prefill_stall_spec_ms_predicted") or 0.0)
-    itl = (predicted["itl_ms_predicted"] - stall) * step_all / step_sub + stall
-    scale = predicted["itl_ms_predicted"] / itl
+    itl = (predicted["itl_ms_predicted"] - stall) * step_all / step_sub + stall_for_prompts(config, level, "spec", sent)
+    base = base_itl_for_prompts(config, level, sent)
+    spec_scale = predicted["itl_ms_predicted"] / itl
     out["itl_ms_predicted"] = itl
-    for key in ("speedup_predicted", "speedup_ci_low", "speedup_ci_high", "tok_s_aggregate_predicted"):
-        out[key] = predicted[key] * scale
+    out["itl_base_ms_predicted"] = base
+    for key in ("speedup_predicted", "speedup_ci_low", "speedup_ci_high"):
+        out[key] = predicted[key] * spec_scale * base / predicted["itl_base_ms_predicted"]
+    out["tok_s_aggregate_predicted"] = predicted["tok_s_aggregate_predicted"] * spec_scale
     return out
 
 
