@@ -732,13 +732,15 @@ def fit_step_profile(
     with_d = bool(np.any(mq > 0)) and np.linalg.matrix_rank(np.column_stack([*base, mq])) == 4
     with_e = np.unique(pp[pp > 0]).size >= 2 and np.linalg.matrix_rank(np.column_stack([*base, pp])) == 4
     extra = ((mq, with_d), (pp, with_e))
+    fitted = [col for col, on in extra if on]
 
     def fit(knee: float) -> tuple[np.ndarray, float]:
-        x = np.column_stack([np.ones_like(bt), np.maximum(bt, knee), kv, *(col for col, on in extra if on)])
-        coef = iter(_nnls_small(x, t))
-        full = np.array([next(coef) for _ in range(3)] + [next(coef) if on else 0.0 for _, on in extra])
-        sse = float(np.sum((t - np.column_stack([np.ones_like(bt), np.maximum(bt, knee), kv, mq, pp]) @ full) ** 2))
-        return full, sse
+        """(a, b, c, d, e) at ``knee`` (d, e 0 where not fitted) and the squared error."""
+        x = np.column_stack([np.ones_like(bt), np.maximum(bt, knee), kv, *fitted])
+        coef = _nnls_small(x, t)
+        rest = iter(coef[3:])
+        full = np.concatenate([coef[:3], [next(rest) if on else 0.0 for _, on in extra]])
+        return full, float(np.sum((t - x @ coef) ** 2))
 
     (a, b, c, d, e), sse = fit(0.0)
     knee = 0.0
