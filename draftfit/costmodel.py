@@ -724,17 +724,18 @@ def predict_costs(
                         + draft.prefill_time(k_arr, b, context_len, p))
         return np.asarray(base, float), np.stack(spec, axis=1).astype(float)
 
-    def interference(batch: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    def interference(batch: np.ndarray, costs: tuple[np.ndarray, np.ndarray] | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """I_base [B] and I_spec [k, B] at ``batch`` (from ``costs``, its prefill_costs, where given)."""
         b = batch.astype(float)
         if not stalls:
             return np.zeros(b.shape), np.zeros((k_arr.size, b.size))
         share = np.maximum(b - 1.0, 0.0) / float(answers.mean())
-        base, spec = prefill_costs(batch)
+        base, spec = prefill_costs(batch) if costs is None else costs
         return share * base[index].mean(axis=0), share[None, :] * spec[:, index].mean(axis=1)
 
     t_base, t_draft, t_verify, t_spec = parts(levels)
-    i_base, i_spec = interference(levels)
     prefill_base, prefill_spec = prefill_costs(levels) if stalls else (None, None)
+    i_base, i_spec = interference(levels, None if prefill_base is None else (prefill_base, prefill_spec))
 
     def speedup_rows(batch: np.ndarray) -> np.ndarray:
         tb, _, _, ts = parts(batch)
