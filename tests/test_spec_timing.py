@@ -361,3 +361,37 @@ def test_the_correction_compares_a_timing_with_the_profile_at_the_timings_contex
     # without the timing's context (an older record) it is compared at the study's, as before
     older = SpecStepTiming(0, timed.seconds_per_step, 0.0, 100, 3, 0.1)
     assert base_offsets([older], parts)[0] == pytest.approx(0.0)
+
+
+def test_an_alone_timing_under_the_profile_does_not_lever_the_per_sequence_term():
+    """A demo MTP layer's timings (rank, seed 0): alone at k=1 the served step (58.2 ms) came in under
+    the profile's verification plus the served offset (66.6 ms), which no bounded overhead or scale
+    can meet. Its occupancy was counted at 0.996, and the per-sequence term — 0.0036 sequences below
+    one, weighted as the timing alone is — absorbed the miss at 1.39 s per sequence: 0.03× predicted
+    at four in flight. Alone is one sequence; the term is what the batched timings say."""
+    from draftfit.costmodel import MeasuredStepTime, ModelDraftCost, ScaledStepTime, pass_times
+    from draftfit.hardware import StepProfile
+    from draftfit.spec_timing import ASSUMED_SCALE_RANGE
+
+    target = MeasuredStepTime(StepProfile(a=0.04678, b=0.001377, c=2.354e-06, d=7.305e-06, e=8.142e-07))
+    draft = ModelDraftCost(ScaledStepTime(target, 0.03125, "the head's share of the target's parameters"))
+
+    def parts(k, seqs=1.0, context=None):
+        t_base, t_verify, t_draft = pass_times(target, draft, [max(k, 1)], seqs, context)
+        return float(t_base[0]), float(t_verify[0, 0]), float(t_draft[0, 0])
+
+    base = [SpecStepTiming(0, 0.06343, 0.0, 360, 3, 0.29, context_len=247.7, occupancy=1.0),
+            SpecStepTiming(0, 0.07011, 0.0, 112, 3, 0.43, batch=4, context_len=204.25, occupancy=4.0)]
+    spec = [SpecStepTiming(1, 0.05817, 1.0, 273, 3, 0.35, context_len=247.7, occupancy=0.99635),
+            SpecStepTiming(4, 0.09260, 0.99375, 80, 3, 0.17, batch=2, context_len=223.5, occupancy=2.0),
+            SpecStepTiming(4, 0.12671, 0.99371, 79.5, 3, 0.03, batch=4, context_len=204.25, occupancy=4.0)]
+    c = served_correction(base, spec, parts, model_free=False, scale_range=ASSUMED_SCALE_RANGE)
+    # no more than the timed step grew from one sequence to four, per sequence
+    assert 0.0 <= c.overhead_per_seq_s <= (spec[2].seconds_per_step - spec[0].seconds_per_step) / 3
+    t_base, t_verify, t_draft = parts(4, 4.0, 204.25)
+    shifted = c.base_offset_s + 3 * c.base_per_seq_s
+    f = spec[2].drafted_fraction
+    again = f * (t_verify + shifted + c.draft_scale * t_draft) + (1 - f) * (t_base + shifted) + c.step_overhead_s \
+        + 3 * c.overhead_per_seq_s
+    assert again == pytest.approx(spec[2].seconds_per_step, rel=0.05)  # the batched timing is met again
+    assert spec[0].sequences == 1.0
