@@ -49,7 +49,10 @@ class TrainedHead(_Strict):
     (draftfit.train_head), on the bundled demo prompts less the ones the study predicts on."""
 
     epochs: int = Field(6, ge=1, le=100, description="Passes over the training answers.")
-    draft_vocab: int = Field(8192, ge=16, description="Draft vocabulary: the most frequent answer tokens.")
+    draft_vocab: int = Field(8192, ge=16, description="Draft vocabulary: the most frequent answer tokens "
+                             "(an MTP layer or EAGLE head drafts over the target's; these are always in its training softmax).")
+    sampled_vocab: int = Field(4096, ge=0, description="MTP and EAGLE: other tokens drawn into each training sequence's "
+                               "softmax (0: the whole vocabulary, about twice the training time).")
     max_tokens: int = Field(128, ge=8, description="Length of the target's training answers.")
 
 

@@ -536,17 +536,19 @@ class Eagle3Head:
         out, hidden = self._finish(attn, residual)
         return out, hidden, k, v
 
-    def chain_steps(self, starts, first_out, first_hidden, keys, values, inputs, steps: int):
+    def chain_steps(self, starts, first_out, first_hidden, keys, values, inputs, steps: int, project=None):
         """Steps 2..``steps`` of the chains from ``starts`` [A] (absolute positions of the first pass).
 
         ``first_out``/``first_hidden`` [A, h]: the first pass's outputs there; ``keys``/``values``
         [n, KV, hd]: the prefix pass's. ``inputs(j, logits)`` → the token ids [A] fed to step j + 1
         (the argmax when predicting; the target's tokens when training). Returns the logits of every
-        step, [A, steps, draft vocab].
+        step, [A, steps, draft vocab] — or ``project`` of each step's output where given (training
+        projects onto a share of the vocabulary; then ``inputs`` must not read the logits).
         """
         torch = _torch()
+        project = project or self.logits
         n = keys.shape[0]
-        logits = [self.logits(first_out)]
+        logits = [project(first_out)]
         hidden = first_hidden
         prefix_mask = torch.arange(n)[None, :] <= starts[:, None]  # [A, n]
         ck, cv = [], []
@@ -558,7 +560,7 @@ class Eagle3Head:
             cv.append(v)
             attn = self._attend(q, keys, values, prefix_mask, torch.stack(ck, dim=1), torch.stack(cv, dim=1))
             out, hidden = self._finish(attn, residual)
-            logits.append(self.logits(out))
+            logits.append(project(out))
         return torch.stack(logits, dim=1)
 
     def greedy_chains(self, seq: np.ndarray, aux, first: int, last: int, steps: int) -> np.ndarray:

@@ -13,7 +13,9 @@ Recipe (every number below is a :class:`HeadRecipe` field and part of the cache 
 3. **Vocabulary** — the draft vocabulary is the ``draft_vocab`` most frequent target tokens of the
    training answers (``d2t``/``t2d`` written as vLLM and speculators read them). An EAGLE head or MTP layer
    drafts over the target's whole vocabulary (vLLM maps no reduced one for it) through the target's
-   LM head, frozen, and is trained with the softmax over all of it.
+   LM head, frozen, and is trained with a sampled softmax: each sequence's spans the ``draft_vocab``
+   most frequent tokens, its own and the target's top-k, and ``sampled_vocab`` others drawn at
+   random, their logits corrected for the draw (``sampled_vocab`` 0: the whole vocabulary).
 4. **Training** — the head (one Llama decoder layer with 2·hidden q/k/v inputs, ``fc`` over the
    fused states, its own LM head initialised from the target's rows; embeddings shared with the
    target and frozen) is trained with training-time test: ``unroll`` chain steps, step 1 on the
@@ -61,6 +63,11 @@ class HeadRecipe:
     prompt_positions: bool = True  # train on chains from prompt positions too, not only the answers
     starts_per_sequence: int = 160  # chains trained per sequence and pass (a random share of its starts)
     soft_top_k: int = 20  # distil the target's top-k next-token distribution (0: its greedy tokens only)
+    # A head that drafts over the target's whole vocabulary (MTP, EAGLE) is trained with a sampled
+    # softmax: over the ``draft_vocab`` most frequent tokens, the sequence's own and the target's
+    # top-k, and this many others drawn afresh for each sequence (0: the whole vocabulary, which made
+    # the LM head most of an MTP step's time)
+    sampled_vocab: int = 4096
     freeze_lm_head: bool = True
     seed: int = 0
 
@@ -92,9 +99,12 @@ def _key(target_fp: str, prompts_hash: str, recipe: HeadRecipe, method: str) -> 
     import hashlib
 
     blob = {"v": RECIPE_VERSION, "target": target_fp, "prompts": prompts_hash, "recipe": recipe.to_dict()}
-    if method != "eagle3":  # EAGLE-3 keys as before there were other heads
+    if method == "eagle3":  # EAGLE-3 keys as before there were other heads
+        blob["recipe"].pop("sampled_vocab")  # its draft vocabulary is its softmax's
+    else:
         blob["method"] = method
-        blob["recipe"].pop("draft_vocab")  # an EAGLE head's vocabulary is the target's
+        if not recipe.sampled_vocab:  # an EAGLE head's vocabulary is the target's, all in its softmax
+            blob["recipe"].pop("draft_vocab")
     digest = hashlib.sha256(json.dumps(blob, sort_keys=True).encode()).hexdigest()[:12]
     return f"{method}-{target_fp[:12]}-{digest}"
 
@@ -165,9 +175,9 @@ def _fit(target_dir: Path, seqs: list[np.ndarray], starts: list[int], recipe: He
     # the draft vocabulary: the most frequent tokens of the answers (ties by id), at most the target's
     answers = np.concatenate([s[p:] for s, p in zip(seqs, starts, strict=True)])
     counts = np.bincount(answers, minlength=vocab)
-    # an EAGLE head drafts over the whole vocabulary through the target's LM head: it is trained with
-    # the softmax over all of it (over the frequent tokens only, the rest were never pushed down and
-    # took the argmax: a head trained so reached AL 1.005 on held-back prompts)
+    # an EAGLE head or MTP layer drafts over the whole vocabulary through the target's LM head: its
+    # softmax must reach all of it, sampled (over the frequent tokens only, the rest were never pushed
+    # down and took the argmax: a head trained so reached AL 1.005 on held-back prompts)
     n_draft = min(int(recipe.draft_vocab), vocab) if method == "eagle3" else vocab
     keep = np.sort(np.argsort(-counts, kind="stable")[:n_draft])
     d2t = torch.as_tensor(keep - np.arange(n_draft), dtype=torch.long) if n_draft < vocab else None
@@ -204,6 +214,8 @@ def _fit(target_dir: Path, seqs: list[np.ndarray], starts: list[int], recipe: He
     total = recipe.epochs * len(data)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda i: min(1.0, (i + 1) / max(total // 20, 1)) * max(0.05, 1 - i / max(total, 1)))
     gen = np.random.default_rng(recipe.seed)
+    # the frequent tokens every sampled softmax spans (a head over the target's whole vocabulary)
+    frequent = torch.as_tensor(np.argsort(-counts, kind="stable")[: recipe.draft_vocab]) if n_draft == vocab else None
     history = []
     for epoch in range(recipe.epochs):
         losses, hits, seen = [], np.zeros(recipe.unroll), np.zeros(recipe.unroll)
@@ -213,10 +225,13 @@ def _fit(target_dir: Path, seqs: list[np.ndarray], starts: list[int], recipe: He
                 progress(f"{title} head: epoch {epoch + 1}/{recipe.epochs}, {done}/{len(data)} sequences, "
                          f"loss {np.mean(losses[-64:]):.3f}")
             seq, aux_states, top_ids, top_p, p = data[i]
+            sampled = None
+            if frequent is not None and recipe.sampled_vocab:
+                sampled = sampled_columns(vocab, (frequent, seq, top_ids), recipe.sampled_vocab, gen)
             with _autocast(precision):
                 loss, h, n = _chain_loss(head, seq, aux_states, 0 if recipe.prompt_positions else p, recipe.unroll,
                                          labels_map, recipe.starts_per_sequence, gen, p,
-                                         None if top_ids is None else (top_ids, top_p))
+                                         None if top_ids is None else (top_ids, top_p), sampled)
             opt.zero_grad()
             loss.backward()
             torch.nn.utils.clip_grad_norm_(head.parameters(), 1.0)
@@ -241,10 +256,36 @@ def _autocast(precision: str):
     return torch.autocast("cpu", dtype=torch.bfloat16) if precision == "bfloat16" else contextlib.nullcontext()
 
 
+def sampled_columns(vocab: int, always, extra: int, gen):
+    """The vocabulary one sequence's sampled softmax spans: (columns, logit correction) or None (all).
+
+    ``always`` (tensors of ids: the frequent tokens, the sequence's, the target's top-k) are in with
+    correction 0; ``extra`` of the rest are drawn uniformly without replacement, each logit raised by
+    log(1/q), q = extra ÷ rest, so their exponentials estimate the rest's share of the normaliser (the
+    sampled softmax of Jean et al., 2015). Every token is pushed down now and then: a softmax over the
+    frequent tokens alone left the rest at the argmax (see ``_fit``).
+    """
+    import torch
+
+    mask = torch.zeros(vocab, dtype=torch.bool)
+    for ids in always:
+        if ids is not None:
+            mask[ids.reshape(-1).clamp(min=0)] = True
+    rest = (~mask).nonzero()[:, 0]
+    if extra >= rest.shape[0]:
+        return None
+    drawn = rest[torch.as_tensor(gen.choice(rest.shape[0], extra, replace=False))]
+    kept = mask.nonzero()[:, 0]
+    correction = torch.cat([torch.zeros(kept.shape[0]), torch.full((extra,), float(np.log(rest.shape[0] / extra)))])
+    return torch.cat([kept, drawn]), correction
+
+
 def _chain_loss(head, seq, aux_states, prompt_len: int, unroll: int, labels_map, sample: int | None = None, gen=None,
-                response_start: int = 0, soft=None):
+                response_start: int = 0, soft=None, sampled=None):
     """Training-time test over every start of one sequence: step j predicts the token at a + 1 + j
-    from the true tokens and, after the first, the head's own states."""
+    from the true tokens and, after the first, the head's own states. ``sampled``: the
+    (columns, correction) of :func:`sampled_columns`, the softmax's vocabulary, or None (the draft
+    vocabulary's)."""
     import torch
 
     L = seq.shape[0]
@@ -266,7 +307,18 @@ def _chain_loss(head, seq, aux_states, prompt_len: int, unroll: int, labels_map,
     def truth(j, logits):
         return seq[(starts + 1 + j).clamp(max=L - 1)]
 
-    logits = head.chain_steps(starts, out[starts], hidden[starts], k, v, truth, steps)  # [A, steps, V]
+    project, correction = None, 0.0
+    if sampled is not None:
+        columns, correction = sampled
+        weight = head.t["lm_head"][columns]
+
+        def project(o):
+            return o @ weight.T + correction
+
+        at = torch.full((labels_map.shape[0],), -1, dtype=torch.long)
+        at[columns] = torch.arange(columns.shape[0])
+        labels_map = torch.where(labels_map >= 0, at[labels_map.clamp(min=0)], labels_map)  # → the columns'
+    logits = head.chain_steps(starts, out[starts], hidden[starts], k, v, truth, steps, project)  # [A, steps, V]
     idx = starts[:, None] + 2 + torch.arange(steps)[None, :]
     valid = idx < L
     labels = labels_map[seq[idx.clamp(max=L - 1)]]
@@ -286,7 +338,7 @@ def _chain_loss(head, seq, aux_states, prompt_len: int, unroll: int, labels_map,
         logq = torch.log_softmax(logits.float(), dim=-1).gather(-1, ids.clamp(min=0))
         loss = -((p * logq).sum(-1) * keep).sum() / keep.sum().clamp(min=1)
     with torch.no_grad():
-        pred = logits.argmax(-1)
+        pred = (logits - correction).argmax(-1)  # accuracy over the columns, without the sampling's weights
         ok = labels >= 0
         hits = ((pred == labels) & ok).sum(0).numpy().astype(float)
         n = ok.sum(0).numpy().astype(float)

@@ -73,7 +73,8 @@ class EagleFamily(HeadMethod):
         study = ctx.study
         held_out, prompts = training_prompts(study, ctx.target_meta)
         spec = candidate.draft.trained
-        recipe = HeadRecipe(max_tokens=spec.max_tokens, draft_vocab=spec.draft_vocab, epochs=spec.epochs, seed=study.seed)
+        recipe = HeadRecipe(max_tokens=spec.max_tokens, draft_vocab=spec.draft_vocab, epochs=spec.epochs,
+                            sampled_vocab=spec.sampled_vocab, seed=study.seed)
         ctx.progress(f"{candidate.name}: training an {self.title} head for {ctx.target_ref.spec} "
                      f"({len(prompts)} prompts, the study's {len(held_out)} held back; cached after the first run)")
         engine = EngineConfig(backend=study.engine, dtype=study.dtype, max_model_len=study.max_model_len,
