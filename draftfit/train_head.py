@@ -179,7 +179,10 @@ def _fit(target_dir: Path, seqs: list[np.ndarray], starts: list[int], recipe: He
     # softmax must reach all of it, sampled (over the frequent tokens only, the rest were never pushed
     # down and took the argmax: a head trained so reached AL 1.005 on held-back prompts)
     n_draft = min(int(recipe.draft_vocab), vocab) if method == "eagle3" else vocab
-    keep = np.sort(np.argsort(-counts, kind="stable")[:n_draft])
+    order = np.argsort(-counts, kind="stable")
+    keep = np.sort(order[:n_draft])
+    # the frequent tokens every sampled softmax spans (a head over the target's whole vocabulary)
+    frequent = torch.as_tensor(order[: recipe.draft_vocab]) if n_draft == vocab and recipe.sampled_vocab else None
     d2t = torch.as_tensor(keep - np.arange(n_draft), dtype=torch.long) if n_draft < vocab else None
     t2d = np.full(vocab, -1, dtype=np.int64)
     t2d[keep] = np.arange(n_draft)
@@ -214,8 +217,6 @@ def _fit(target_dir: Path, seqs: list[np.ndarray], starts: list[int], recipe: He
     total = recipe.epochs * len(data)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda i: min(1.0, (i + 1) / max(total // 20, 1)) * max(0.05, 1 - i / max(total, 1)))
     gen = np.random.default_rng(recipe.seed)
-    # the frequent tokens every sampled softmax spans (a head over the target's whole vocabulary)
-    frequent = torch.as_tensor(np.argsort(-counts, kind="stable")[: recipe.draft_vocab]) if n_draft == vocab else None
     history = []
     for epoch in range(recipe.epochs):
         losses, hits, seen = [], np.zeros(recipe.unroll), np.zeros(recipe.unroll)
@@ -225,9 +226,7 @@ def _fit(target_dir: Path, seqs: list[np.ndarray], starts: list[int], recipe: He
                 progress(f"{title} head: epoch {epoch + 1}/{recipe.epochs}, {done}/{len(data)} sequences, "
                          f"loss {np.mean(losses[-64:]):.3f}")
             seq, aux_states, top_ids, top_p, p = data[i]
-            sampled = None
-            if frequent is not None and recipe.sampled_vocab:
-                sampled = sampled_columns(vocab, (frequent, seq, top_ids), recipe.sampled_vocab, gen)
+            sampled = None if frequent is None else sampled_columns(vocab, (frequent, seq, top_ids), recipe.sampled_vocab, gen)
             with _autocast(precision):
                 loss, h, n = _chain_loss(head, seq, aux_states, 0 if recipe.prompt_positions else p, recipe.unroll,
                                          labels_map, recipe.starts_per_sequence, gen, p,
