@@ -293,6 +293,7 @@ ASSUMED_SCALE_RANGE = (0.25, 50.0)
 # (k, sequences in flight, context) → the profile's (baseline, verification, proposer) seconds; context None: the study's
 Parts = Callable[[int, float, float | None], tuple[float, float, float]]
 ALONE_WEIGHT = 1e3  # the served_correction fit's weight of the step timed alone
+ALONE_TOLERANCE = 1e-4  # the share of the step alone a fit may leave unmet before the overhead takes it
 
 
 def _by_batch(timings: Sequence[SpecStepTiming] | SpecStepTiming | None) -> dict[int, SpecStepTiming]:
@@ -319,6 +320,17 @@ def base_offsets(base: Sequence[SpecStepTiming] | SpecStepTiming | None, parts: 
     return offset, (top.seconds_per_step - parts(0, top.sequences, top.context_len)[0] - offset) / (top.sequences - 1)
 
 
+def _fit_bounded(names: Sequence[str], columns: Sequence[dict[str, float]], rhs: Sequence[float],
+                 weights: Sequence[float], low: dict[str, float], high: dict[str, float]) -> dict[str, float]:
+    """Bounded least squares of ``rhs`` on the named columns, each row weighted."""
+    from scipy.optimize import lsq_linear
+
+    rows = [[w * c[n] for n in names] for c, w in zip(columns, weights, strict=True)]
+    solution = lsq_linear(np.asarray(rows), np.asarray([w * r for r, w in zip(rhs, weights, strict=True)]),
+                          bounds=([low[n] for n in names], [high[n] for n in names]), method="bvls").x
+    return dict(zip(names, map(float, solution), strict=True))
+
+
 def served_correction(base: Sequence[SpecStepTiming] | SpecStepTiming | None,
                       timing: Sequence[SpecStepTiming] | SpecStepTiming, parts: Parts,
                       *, model_free: bool, scale_range: tuple[float, float] = DRAFT_SCALE_RANGE) -> ServedCorrection:
@@ -333,11 +345,11 @@ def served_correction(base: Sequence[SpecStepTiming] | SpecStepTiming | None,
     as many timings as unknowns): a model-free proposer's ``overhead`` (scale 1); a model draft's
     ``scale``, with ``overhead`` ≥ 0 beside it only where two k were timed (one k cannot tell a
     per-pass cost from a per-step one); ``per_seq`` where a batch was timed. The step timed alone
-    weighs most: where a bound holds (a negative overhead, a scale out of range) it is still given
-    back, as the concurrency-1 predictions divide by it.
+    weighs most, and is given back exactly, as the concurrency-1 predictions divide by it: where a
+    bound holds (the scale at its floor, the overhead at 0) the scale stays at the bound and the
+    overhead, of either sign, takes the rest (a self-draft's k=1 step timed 1.2% under the profile
+    at the scale's floor had put its concurrency-1 prediction 1.2% off its own timing).
     """
-    from scipy.optimize import lsq_linear
-
     timed = sorted(_by_batch(timing).values(), key=lambda t: t.batch)
     profiled = [parts(t.k, t.sequences, t.context_len) for t in timed]
     offset, base_per_seq = base_offsets(base, parts)
@@ -345,19 +357,28 @@ def served_correction(base: Sequence[SpecStepTiming] | SpecStepTiming | None,
     two_k = passes and len({t.k for t in timed}) > 1
     names = (["overhead"] if not passes or two_k else []) + (["scale"] if passes else []) + \
         (["per_seq"] if len(timed) > 1 else [])
-    rows, rhs = [], []
+    columns, rhs, weights = [], [], []
     for t, (t_base, t_verify, t_draft) in zip(timed, profiled, strict=True):
         f = t.drafted_fraction
         shifted = offset + base_per_seq * (t.sequences - 1)
-        column = {"overhead": 1.0, "scale": f * t_draft, "per_seq": t.sequences - 1.0}
-        weight = ALONE_WEIGHT if t.batch == 1 else 1.0
-        rows.append([weight * column[n] for n in names])
-        rhs.append(weight * (t.seconds_per_step - f * (t_verify + shifted) - (1 - f) * (t_base + shifted)))
+        columns.append({"overhead": 1.0, "scale": f * t_draft, "per_seq": t.sequences - 1.0})
+        weights.append(ALONE_WEIGHT if t.batch == 1 else 1.0)
+        rhs.append(t.seconds_per_step - f * (t_verify + shifted) - (1 - f) * (t_base + shifted))
     low = {"overhead": 0.0 if passes else -np.inf, "scale": scale_range[0], "per_seq": -np.inf}
     high = {"overhead": np.inf, "scale": scale_range[1], "per_seq": np.inf}
-    bounds = ([low[n] for n in names], [high[n] for n in names])
-    solution = lsq_linear(np.asarray(rows), np.asarray(rhs), bounds=bounds, method="bvls").x
-    fit = dict(zip(names, solution, strict=True))
+    fit = _fit_bounded(names, columns, rhs, weights, low, high)
+    alone = next((i for i, t in enumerate(timed) if t.batch == 1), None)
+    if passes and alone is not None:
+        unmet = rhs[alone] - sum(fit[n] * columns[alone][n] for n in names)
+        if abs(unmet) > ALONE_TOLERANCE * timed[alone].seconds_per_step:
+            # a bound held (the scale at its floor, the overhead at 0): the scale stays where the bounds put
+            # it, and a step overhead of either sign takes what the timing alone says beyond it, so the
+            # concurrency-1 predictions still divide by the step timed there
+            scale = fit["scale"]
+            free = ["overhead"] + (["per_seq"] if "per_seq" in names else [])
+            shifted_rhs = [r - scale * c["scale"] for r, c in zip(rhs, columns, strict=True)]
+            fit = {"scale": scale, **_fit_bounded(free, columns, shifted_rhs, weights,
+                                                  {**low, "overhead": -np.inf}, high)}
     return ServedCorrection(offset, float(fit.get("scale", 1.0)), float(fit.get("overhead", 0.0)), max(t.k for t in timed),
                             base_per_seq_s=base_per_seq, overhead_per_seq_s=float(fit.get("per_seq", 0.0)),
                             timed_batch=max(t.batch for t in timed), timed_ks=tuple(sorted({t.k for t in timed})))

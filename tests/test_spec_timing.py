@@ -395,3 +395,33 @@ def test_an_alone_timing_under_the_profile_does_not_lever_the_per_sequence_term(
         + 3 * c.overhead_per_seq_s
     assert again == pytest.approx(spec[2].seconds_per_step, rel=0.05)  # the batched timing is met again
     assert spec[0].sequences == 1.0
+    # the scale held at its floor, and the step alone is still given back: the overhead takes the rest
+    assert c.draft_scale == pytest.approx(ASSUMED_SCALE_RANGE[0])
+    t_base, t_verify, t_draft = parts(1, 1.0, 247.7)
+    alone = t_verify + c.base_offset_s + c.draft_scale * t_draft + c.step_overhead_s
+    assert alone == pytest.approx(spec[0].seconds_per_step, rel=1e-3)
+
+
+def test_a_step_alone_under_the_scale_floor_is_still_given_back():
+    """A self-draft timed at one k (CI on 756c592): its step alone came in 1.2% under the profile's
+    verification plus its passes at the scale's floor, and with no overhead beside the scale the fit
+    left it unmet — the concurrency-1 prediction 1.2% off the very step it divides by. The scale stays
+    at its floor; a step overhead of either sign takes the rest, and the batched timing is still met."""
+    def parts(k, seqs=1.0, context=None):
+        # baseline, verification of k+1 tokens, and k draft passes (the target's own step)
+        return 0.050 + 0.004 * (seqs - 1), 0.052 + 0.005 * (seqs - 1), k * 0.050
+
+    base = [SpecStepTiming(0, 0.060, 0.0, 300, 3, 0.1), SpecStepTiming(0, 0.075, 0.0, 100, 3, 0.1, batch=4)]
+    # alone: 0.052 + offset 0.010 + 0.25·0.050 = 74.5 ms at the floor; timed 72 ms
+    spec = [SpecStepTiming(1, 0.072, 1.0, 200, 3, 0.1), SpecStepTiming(1, 0.110, 1.0, 80, 3, 0.1, batch=4)]
+    c = served_correction(base, spec, parts, model_free=False)
+    assert c.draft_scale == pytest.approx(0.25)
+    assert c.step_overhead_s == pytest.approx(-0.0025, abs=1e-6)
+    assert 0.052 + c.base_offset_s + c.draft_scale * 0.050 + c.step_overhead_s == pytest.approx(0.072, rel=1e-6)
+    shifted = c.base_offset_s + 3 * c.base_per_seq_s
+    batched = 0.052 + 0.015 + shifted + c.draft_scale * 0.050 + c.step_overhead_s + 3 * c.overhead_per_seq_s
+    assert batched == pytest.approx(0.110, rel=1e-6)
+    # within the bounds the scale alone meets it and no overhead appears
+    spec_within = [SpecStepTiming(1, 0.090, 1.0, 200, 3, 0.1), spec[1]]
+    c = served_correction(base, spec_within, parts, model_free=False)
+    assert c.draft_scale == pytest.approx(0.56) and c.step_overhead_s == 0.0
