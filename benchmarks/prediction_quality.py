@@ -173,12 +173,15 @@ def choose_grid(results, count: int | None, drafts: list[str] | None = None) -> 
 
 def quality(results, new) -> None:
     from draftfit.cli.tables import format_summary
+    from draftfit.verify.comparison import entry_label
 
     print("\n== predicted vs measured (every configuration of the grid) ==")
     print(format_summary(new))
     spec = [e for e in new if e["candidate"] is not None and not e.get("engine_failed")]
     faults = [e for e in spec if e.get("engine_fault")]
-    usable = [e for e in spec if not e.get("engine_fault")]
+    # a k schedule (rank's deploy command) is not a configuration of the grid: shown apart below
+    scheduled = [e for e in spec if e.get("schedule") and not e.get("engine_fault")]
+    usable = [e for e in spec if not e.get("engine_fault") and not e.get("schedule")]
     levels = sorted({e["concurrency"] for e in usable})
 
     print("\n== AL: predicted vs vLLM's counters (target |error| ≤ 3%) ==")
@@ -239,10 +242,18 @@ def quality(results, new) -> None:
             verdict = ("right" if best_p is best_m else "WRONG") if clear else "not separable"
             print(f"concurrency {level}: {draft}: measured best k={best_m['k']}, predicted best k={best_p['k']} "
                   f"of k={sorted(e['k'] for e in rows)}: {verdict}")
+    if scheduled:
+        print("\n== rank's deploy command (a k schedule by batch size; predicted by the k it runs at each level) ==")
+        for e in scheduled:
+            predicted = (f"predicted {e['speedup_predicted']:.2f}× (k={e['k_predicted']}), error {e['speedup_error']:+.1%}"
+                         if e.get("speedup_error") is not None else "not predicted (speculation off)")
+            print(f"    {entry_label(e)} at {e['concurrency']}: measured {e['speedup_measured']:.2f}× "
+                  f"[{e.get('speedup_ci_low_measured') or float('nan'):.2f}, {e.get('speedup_ci_high_measured') or float('nan'):.2f}]"
+                  f"; {predicted}" if e.get("speedup_measured") is not None else f"    {entry_label(e)} at {e['concurrency']}: not measured")
     if faults:
         print(f"\n{len(faults)} entries were left out as suspected engine faults:")
         for e in faults:
-            print(f"    {e['candidate']} k={e['k']} at {e['concurrency']}: {e['engine_fault']}")
+            print(f"    {entry_label(e)} at {e['concurrency']}: {e['engine_fault']}")
 
 
 def wall_times(results, rank_wall: float, record: dict, verify_wall: float, configs: int) -> None:

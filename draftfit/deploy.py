@@ -118,6 +118,17 @@ def validate_schedule(schedule: Sequence[Sequence[int]]) -> tuple[tuple[int, int
     return tuple(rows)
 
 
+def k_at(schedule: Sequence[Sequence[int]], batch_size: int) -> int:
+    """The k a schedule runs at ``batch_size``: that of the last range starting at or below it (vLLM
+    fills gaps and the sizes past the last range with the k before them)."""
+    return [k for start, _, k in validate_schedule(schedule) if start <= batch_size][-1]
+
+
+def schedule_text(schedule: Sequence[Sequence[int]]) -> str:
+    """``1-2:2 3-1024:1``: each batch-size range and its k (0: speculation off)."""
+    return " ".join(f"{start}-{end}:{k}" for start, end, k in validate_schedule(schedule))
+
+
 @dataclass(frozen=True)
 class DeployCommand:
     """What to run for one configuration on one vLLM version.
@@ -355,6 +366,8 @@ def vllm_command(
 __all__ = [
     "DeployCommand",
     "SpecConfig",
+    "k_at",
+    "schedule_text",
     "validate_schedule",
     "vllm_command",
 ]

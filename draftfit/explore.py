@@ -269,12 +269,14 @@ def measured_vs_predicted(results: Results, *, latest_only: bool = False) -> lis
     for c in results.configs:
         for lv in c.get("per_concurrency", []):
             base_levels.setdefault(int(lv["concurrency"]), lv)
-    from draftfit.verify.comparison import latest_run
+    from draftfit.verify.comparison import entry_label, latest_run
 
     rows = []
     for entry in (latest_run(results.measured) if latest_only else results.measured):
         baseline = is_baseline(entry)
-        config = None if baseline else configs.get((entry.get("candidate"), entry.get("k")))
+        # a k schedule's prediction at a level is that of the k it runs there (k_predicted; none where it is off)
+        k = entry.get("k_predicted") if entry.get("schedule") else entry.get("k")
+        config = None if baseline or k is None else configs.get((entry.get("candidate"), k))
         if baseline:
             level = base_levels.get(int(entry["concurrency"])) if entry.get("concurrency") is not None else None
         else:
@@ -288,8 +290,9 @@ def measured_vs_predicted(results: Results, *, latest_only: bool = False) -> lis
 
         memory = entry.get("memory_measured") or {}
         row = {
-            "config": "no speculation (baseline)" if baseline else f"{entry.get('candidate')} k={entry.get('k')}",
+            "config": "no speculation (baseline)" if baseline else entry_label(entry),
             "candidate": None if baseline else entry.get("candidate"), "k": None if baseline else entry.get("k"),
+            "schedule": None if baseline else entry.get("schedule"), "k_predicted": entry.get("k_predicted"),
             "concurrency": entry.get("concurrency"), "baseline": baseline,
             "requests": entry.get("requests"), "completed": entry.get("completed"), "errors": entry.get("errors"),
             "al_predicted": None if baseline else predicted("al_predicted"),
@@ -322,7 +325,7 @@ def measured_vs_predicted(results: Results, *, latest_only: bool = False) -> lis
             for stat in PERCENTILES:
                 row[f"{measure}_{stat}_ms_measured"] = latency(entry, measure, stat)
         rows.append(row)
-    rows.sort(key=lambda r: (r["candidate"] or "", r["k"] or 0))
+    rows.sort(key=lambda r: (r["candidate"] or "", r["k"] or 0, str(r["schedule"] or "")))
     rows.sort(key=lambda r: (r["group"], not r["baseline"]))
     rows.sort(key=lambda r: str(r["verify_id"] or ""), reverse=True)
     return rows
@@ -341,6 +344,8 @@ __all__ = [
     "level_of",
     "load",
     "measured_vs_predicted",
+    "recommended_keys",
+    "row_key",
     "per_position",
     "primary_concurrency",
     "ranking",
@@ -348,6 +353,27 @@ __all__ = [
     "select",
     "speedup_vs_concurrency",
 ]
+
+
+def row_key(row: dict[str, Any]) -> tuple[str | None, int | None, list[list[int]] | None]:
+    """A measured row's configuration: (candidate, k, k schedule or None)."""
+    return row["candidate"], row["k"], row["schedule"] or None
+
+
+def recommended_keys(results: Results) -> list[tuple[str | None, int | None, list[list[int]] | None]]:
+    """The recommended configuration as measured rows name it (:func:`row_key`): rank's exact deploy
+    command (its k schedule included) first, then its k alone."""
+    from draftfit.verify.selection import deployed_k
+
+    rec = results.recommendation or {}
+    keys = [(rec.get("candidate"), rec.get("k"), None)]
+    try:
+        deployed = deployed_k(results)
+    except DraftfitError:  # not deployable: no command to have measured
+        deployed = None
+    if deployed is not None and deployed[1]:
+        keys.insert(0, (rec["candidate"], deployed[0], [list(r) for r in deployed[1]]))
+    return keys
 
 
 def measured_better(results: Results) -> str | None:
@@ -367,12 +393,14 @@ def measured_better(results: Results) -> str | None:
             return None
         return (f"rank recommended serving without speculation, but verify measured {best['config']} faster than the "
                 f"baseline at concurrency {level}: {best['speedup_measured']:.2f}× (measured)")
-    mine = next((r for r in usable if (r["candidate"], r["k"]) == chosen), None)
-    if (best["candidate"], best["k"]) == chosen or (mine is not None and best["speedup_measured"] <= mine["speedup_measured"]):
-        return None
+    keys = recommended_keys(results)
+    mine = next((r for key in keys for r in usable if row_key(r) == key), None)
     if mine is None:
         return (f"the recommended {chosen[0]} k={chosen[1]} was not verified; of the verified configurations "
                 f"{best['config']} measured fastest at concurrency {level}: {best['speedup_measured']:.2f}× (measured)")
+    # at the primary level the schedule runs the recommended k: that k measured alone is not another choice
+    if best is mine or best["speedup_measured"] <= mine["speedup_measured"] or (best["candidate"], best["k"], best["schedule"]) == keys[-1]:
+        return None
     return (f"verify measured {best['config']} faster than the recommended {mine['config']} at concurrency {level}: "
             f"{best['speedup_measured']:.2f}× against {mine['speedup_measured']:.2f}× (measured, "
             + ("one run each)" if best["rounds"] == 1 else f"median over {best['rounds']} interleaved rounds)"))

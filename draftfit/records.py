@@ -111,7 +111,10 @@ class MeasuredEntry(_AcceptancePredicted, _SpeedPredicted, total=False):
     kind: Annotated[str, _("`measured`.")]
     verify_id: Annotated[str, _("The verify run that measured it.")]
     candidate: Annotated[str | None, _("The candidate (None: the baseline).")]
-    k: Annotated[int | None, _("Speculative tokens per step (None: the baseline).")]
+    k: Annotated[int | None, _("Speculative tokens per step (None: the baseline; with a schedule, its largest).")]
+    schedule: Annotated[list[list[int]] | None,
+                        _("A k schedule by batch size ([start, end, k] ranges; rank's deploy command), or None: one k.")]
+    k_predicted: Annotated[int, _("With a schedule: the k it runs at this concurrency, whose prediction stands beside.")]
     method: Annotated[str | None, _("The draft method.")]
     draft: Annotated[str | None, _("The draft's local directory (model drafts).")]
     speculative_config: Annotated[dict[str, Any] | None, _("The speculative_config the engine ran.")]

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from draftfit.deploy import SpecConfig, validate_schedule, vllm_command
+from draftfit.deploy import SpecConfig, k_at, schedule_text, validate_schedule, vllm_command
 from draftfit.errors import DraftfitError
 from draftfit.vllm_versions import installed_vllm_version, parse_version
 
@@ -248,6 +248,17 @@ def test_baseline_command_and_shell_quoting():
 def test_schedule_validation(schedule, match):
     with pytest.raises(DraftfitError, match=match):
         validate_schedule(schedule)
+
+
+@pytest.mark.parametrize("schedule", [[[1, 2, 2], [3, 1024, 1]], [[1, 5, 2], [6, 1024, 1]], [[1, 2, 3], [5, 8, 0], [20, 30, 1]],
+                                      [[1, 1, 4]]])
+def test_the_k_at_a_batch_size_is_vllms(schedule):
+    """k_at against vLLM's own dense lookup (gaps and the sizes past the last range included)."""
+    from vllm.v1.spec_decode.dynamic.utils import build_dynamic_sd_schedule_lookup
+
+    dense = build_dynamic_sd_schedule_lookup(schedule, 64, max(r[2] for r in schedule) or 1)
+    assert [k_at(schedule, b) for b in range(1, 65)] == dense[1:]
+    assert schedule_text(schedule) == " ".join(f"{a}-{b}:{k}" for a, b, k in schedule)
 
 
 def test_version_parsing():

@@ -526,6 +526,24 @@ def test_the_recommendation_says_when_verify_measured_a_faster_configuration(exa
     assert measured_better(none.model_copy(update={"measured": slower})) is None  # no speculation was right
 
 
+def test_the_recommendation_is_held_to_its_deploy_command_where_verify_measured_it(example):
+    """The example's deploy command runs k=2 up to 5 in flight and k=1 beyond: where verify measured
+    that command, it, not k=2 alone, is what the recommendation is held to."""
+    from draftfit.explore import measured_better
+
+    def scheduled(speedup: float) -> list[dict]:
+        sched = [dict(e, schedule=[[1, 5, 2], [6, 1024, 1]], speedup_measured=speedup, k_predicted=2)
+                 for e in example.measured if (e.get("candidate"), e.get("k")) == ("ngram-2-4", 2)]
+        return [*example.measured, *sched]
+
+    assert measured_better(example.model_copy(update={"measured": scheduled(1.5)})) is None
+    slower = example.model_copy(update={"measured": scheduled(1.4)})
+    assert measured_better(slower) == ("verify measured ngram-2-4 k=3 faster than the recommended "
+                                       "ngram-2-4 k=[1-5:2 6-1024:1] at concurrency 1: 1.48× against 1.40× (measured, one run each)")
+    html = render_html(slower).replace("&#215;", "×")
+    assert "ngram-2-4 k=[1-5:2 6-1024:1] at concurrency 1: 1.40×" in html
+
+
 def test_deploy_commands_keep_their_text_and_mark_their_options(example):
     from draftfit.report.render import fmt_command
 

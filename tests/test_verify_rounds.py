@@ -4,6 +4,7 @@ verdicts — known answers on hand-built data (no vLLM)."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -207,9 +208,9 @@ def _scrape(drafts, accepted, itl_count, itl_sum, running=1.0, positions=3):
     ],
 )
 def test_watch_reports_drift_beyond_the_predictions_bounds(drafts, accepted, itl_ms, positions, words):
-    from draftfit.watch import Watch
+    from draftfit.watch import Deployed, Watch
 
-    watch = Watch(_config())
+    watch = Watch(Deployed.one(_config()))
     watch.observe(_scrape(0, 0, 0, 0.0, positions=positions), 0.0)
     observation = watch.observe(_scrape(drafts, accepted, 10, itl_ms / 100, positions=positions), 10.0)
     assert observation["measured"]["itl_ms"] == pytest.approx(itl_ms)
@@ -217,3 +218,74 @@ def test_watch_reports_drift_beyond_the_predictions_bounds(drafts, accepted, itl
     for word, problem in zip(words, observation["drift"], strict=True):
         assert word in problem
     assert watch.summary()["drift"] == observation["drift"]
+
+
+def test_watch_holds_a_k_schedule_to_the_k_it_runs_at_the_observed_concurrency():
+    """rank's deploy command may run k=3 alone and k=1 from 3 in flight (num_speculative_tokens 3):
+    the server's counters then have 3 positions at every concurrency, and the prediction is the
+    k the schedule runs there; where the schedule switches speculation off nothing is predicted."""
+    from draftfit.watch import Deployed, Watch, format_observation
+
+    low = {**_config(), "k": 1, "al_predicted": 1.5, "al_ci_low": 1.4, "al_ci_high": 1.6, "al_bound_low": 1.45,
+           "al_bound_high": 1.55, "per_position_predicted": [0.5]}
+    deployed = Deployed("ngram", 3, {3: _config(), 1: low}, ((1, 2, 3), (3, 6, 1), (7, 1024, 0)))
+    assert deployed.label == "ngram k=[1-2:3 3-6:1 7-1024:0]"
+    assert [deployed.k_running(c) for c in (1.0, 2.4, 2.6, 6.0, 8.0)] == [3, 3, 1, 1, 0]
+    for running, accepted, words in ((4.0, 50, []), (4.0, 20, ["sliding toward 1"]), (1.0, 50, ["sliding toward 1"])):
+        watch = Watch(deployed)
+        watch.observe(_scrape(0, 0, 0, 0.0, running=running), 0.0)
+        observation = watch.observe(_scrape(100, accepted, 10, 0.02, running=running), 10.0)
+        assert observation["predicted"]["k"] == deployed.k_running(running)
+        assert [w for w in words if any(w in d for d in observation["drift"])] == words and len(observation["drift"]) == len(words)
+    watch = Watch(deployed)
+    watch.observe(_scrape(0, 0, 0, 0.0, running=8.0), 0.0)
+    off = watch.observe(_scrape(100, 0, 10, 10.0, running=8.0), 10.0)  # AL 1, ITL 1 s: nothing predicted to miss
+    assert off["drift"] == [] and off["predicted"]["k"] == 0 and "not predicted" in format_observation(off)
+
+
+def test_watch_takes_rank_s_deploy_command_with_its_schedule():
+    from draftfit.results import load
+    from draftfit.watch import deployed_config
+
+    example = load(Path(__file__).resolve().parents[1] / "reports" / "example" / "results.json")
+    deployed = deployed_config(example, None)
+    assert (deployed.k, deployed.schedule, sorted(deployed.configs)) == (2, ((1, 5, 2), (6, 1024, 1)), [1, 2])
+    assert deployed.expected(8.0).k == 1 and deployed.expected(4.0).k == 2
+    assert deployed_config(example, "ngram-2-4:3").schedule is None
+
+
+def test_every_field_verify_writes_is_in_the_schema_and_survives_the_results_file():
+    """A results file silently drops what its schema does not declare (pydantic serialises only the
+    declared keys of a TypedDict): every key of a measured entry — here rank's deploy command with a
+    k schedule, beside the baseline — must be declared, or a saved run would lose it."""
+    import typing
+
+    from draftfit import results as results_mod
+    from draftfit.metrics import SpecCounts
+    from draftfit.records import MeasuredEntry
+    from draftfit.verify.comparison import compare, predicted_level
+    from draftfit.verify.measure import ConfigRuns
+    from draftfit.verify.run import group_entries
+    from draftfit.verify.selection import BASELINE, VerifyConfig
+
+    example = results_mod.load(Path(__file__).resolve().parents[1] / "reports" / "example" / "results.json")
+    schedule = ((1, 5, 2), (6, 1024, 1))
+    config = VerifyConfig("ngram-2-4", 2, "ngram", None, {"method": "ngram", "num_speculative_tokens": 2}, schedule=schedule)
+    counts = SpecCounts(40, 70, 30, np.asarray([20, 10], dtype=np.int64))
+    load = {"load_avg_1m_before": 1.0, "load_avg_1m_after": 1.2, "cpus": 2}
+    group = {"baseline": ConfigRuns(BASELINE, [RoundRun(r, c, _records([30.0, 31.0]), None, {}, 1.0, load)
+                                               for r in range(3) for c in (1, 8)]),
+             config.label: ConfigRuns(config, [RoundRun(r, c, _records([20.0, 22.0]), counts, {}, 1.0, load)
+                                               for r in range(3) for c in (1, 8)])}
+    entries = group_entries(group, "v", 0, (1, 8), {"prompts_hash": "h", "prompt_lengths": [5, 5], "prompts_sent": 2})
+    base = {e["concurrency"]: e for e in entries if e["candidate"] is None}
+    for entry in entries:
+        if entry["candidate"] is not None:
+            compare(entry, predicted_level(example, "ngram-2-4", 2, entry["concurrency"], schedule=schedule),
+                    base[entry["concurrency"]], draft_is_target=False, rule="greedy", temperature=0.0, device="cpu")
+    spec = [e for e in entries if e["candidate"] is not None]
+    assert [(e["schedule"], e["k_predicted"]) for e in spec] == [([[1, 5, 2], [6, 1024, 1]], 2), ([[1, 5, 2], [6, 1024, 1]], 1)]
+    declared = set(typing.get_type_hints(MeasuredEntry))
+    assert {key for e in entries for key in e} - declared == set()
+    saved = results_mod.to_json(example.model_copy(update={"measured": entries}))["measured"]
+    assert saved == json.loads(json.dumps(entries))

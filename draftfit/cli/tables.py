@@ -8,6 +8,7 @@ from typing import Any
 
 from draftfit import results as results_mod
 from draftfit.explore import machine_load_text
+from draftfit.verify.comparison import entry_label
 from draftfit.verify.selection import VerifyConfig
 
 
@@ -88,13 +89,14 @@ def format_summary(measured: Sequence[dict[str, Any]], verify_id: str | None = N
     speedup and ITL as the median over rounds with their bootstrap 95% interval, the baseline
     each speedup divides by, the machine's load, and the relative error of each prediction."""
     rows = [e for e in measured if verify_id is None or e.get("verify_id") == verify_id]
-    head = (f"{'config':<20} {'C':>3} {'AL pred':>7} {'meas':>6} {'err':>5}  {'× pred':>6} {'× meas [95%]':>18} {'err':>5}  "
+    width = max([20, *(len(entry_label(e)) for e in rows)])
+    head = (f"{'config':<{width}} {'C':>3} {'AL pred':>7} {'meas':>6} {'err':>5}  {'× pred':>6} {'× meas [95%]':>18} {'err':>5}  "
             f"{'ITL pred':>8} {'ITL meas [95%] ms':>20} {'base ITL':>8} {'p95/p99':>9} {'TTFT p50':>8}  {'machine load':<26} flags")
     lines = [head, "-" * len(head)]
     for e in rows:
-        name = "baseline" if e.get("candidate") is None else f"{e['candidate']} k={e['k']}"
+        name = entry_label(e)
         if e.get("engine_failed"):
-            lines.append(f"{name:<20} {e['concurrency']:>3}  engine failed: {e.get('error')}")
+            lines.append(f"{name:<{width}} {e['concurrency']:>3}  engine failed: {e.get('error')}")
             continue
         itl = e.get("itl_ms_measured") or {}
         rounds = e.get("itl_rounds_measured") or {}
@@ -102,7 +104,7 @@ def format_summary(measured: Sequence[dict[str, Any]], verify_id: str | None = N
         tails = "/".join(_fmt(itl.get(f"p{q}"), ".0f") for q in (95, 99))
         base = (e.get("baseline_ref") or {}).get("itl_ms_median")
         lines.append(
-            f"{name:<20} {e['concurrency']:>3} {_fmt(e.get('al_predicted')):>7} {_fmt(e.get('al_measured')):>6} {_pct(e.get('al_error')):>5}  "
+            f"{name:<{width}} {e['concurrency']:>3} {_fmt(e.get('al_predicted')):>7} {_fmt(e.get('al_measured')):>6} {_pct(e.get('al_error')):>5}  "
             f"{_fmt(e.get('speedup_predicted')):>6} "
             f"{_interval_text(e.get('speedup_measured'), e.get('speedup_ci_low_measured'), e.get('speedup_ci_high_measured')):>18} "
             f"{_pct(e.get('speedup_error')):>5}  {_fmt(e.get('itl_ms_predicted'), '.1f'):>8} "
@@ -118,6 +120,10 @@ def format_summary(measured: Sequence[dict[str, Any]], verify_id: str | None = N
                      f"{first.get('requests_per_run') or first.get('requests')} requests per run, prompts {str(first.get('prompts_hash') or '')[:12]}; "
                      + (f"{len(groups)} groups, each speedup divided by its own group's baseline; " if len(groups) > 1 else "")
                      + "machine load = the highest 1-min load average over the rounds, and the CPU time stolen")
+    if any(e.get("schedule") for e in rows):
+        lines.append("k=[start-end:k …]: a k schedule by batch size (rank's recommended command); its prediction at a level is "
+                     "that of the k it runs there (none where k is 0), while the requests finishing at a level's end run "
+                     "at smaller batch sizes")
     mismatched = sum(int(e.get("prompt_token_mismatches") or 0) for e in rows)
     if mismatched:
         lines.append(f"{mismatched} request(s): the server counted the prompt in other tokens than `rank` rendered it "
@@ -131,7 +137,7 @@ def format_summary(measured: Sequence[dict[str, Any]], verify_id: str | None = N
         lines.append("")
         lines.append("Suspected engine faults (not prediction errors):")
         for e in faults:
-            name = "baseline" if e.get("candidate") is None else f"{e['candidate']} k={e['k']}"
+            name = entry_label(e)
             lines.append(f"  {name} at concurrency {e['concurrency']}: {e['engine_fault']}")
     return "\n".join(lines)
 

@@ -14,6 +14,9 @@ from draftfit.cli.options import int_list, show_prompts, trust_remote_code
 @click.command("verify")
 @click.argument("results_file", type=click.Path(dir_okay=False, path_type=Path))
 @click.option("--top", type=click.IntRange(min=1), help="Verify the first N configurations of the ranking. Default 3 when nothing else is chosen.")
+@click.option("--recommended", is_flag=True, default=None,
+              help="Verify rank's recommended deploy command exactly, its k schedule by batch size included. Default: "
+                   "with the top 3 when nothing else is chosen.")
 @click.option("--config", "configs", multiple=True, metavar="NAME:K",
               help="Verify candidate NAME (from the results) with k=K. Repeatable.")
 @click.option("--candidate", "candidate_files", multiple=True, type=click.Path(dir_okay=False, path_type=Path),
@@ -48,13 +51,14 @@ from draftfit.cli.options import int_list, show_prompts, trust_remote_code
                    "prompts, levels, requests and engine settings) goes on where it stopped, keeping what it measured.")
 @click.option("--dry-run", is_flag=True, help="Print what would run (configurations and vLLM speculative configs) and exit.")
 @click.pass_context
-def verify(ctx, results_file, top, configs, candidate_files, ks, concurrency, requests, timeout_s, gpu_memory_utilization,
+def verify(ctx, results_file, top, recommended, configs, candidate_files, ks, concurrency, requests, timeout_s, gpu_memory_utilization,
            dtype, engine, rounds, servers_at_once, server, baseline_server, trust_remote_code, show_prompts, no_resume,
            dry_run) -> None:
     """Measure real vLLM runs against the predictions in RESULTS_FILE.
 
     Starts the exact `vllm serve` command of the baseline (no speculation) and of each chosen
-    (candidate, k) on localhost, and sends them the prompts and sampling parameters `rank` used
+    (candidate, k) — and of rank's recommended deploy command, its k schedule by batch size
+    included, where it has one — on localhost, and sends them the prompts and sampling parameters `rank` used
     through the OpenAI-compatible streaming API (chat prompts as messages), at each concurrency
     level. The baseline and the configurations run in interleaved rounds (A B A B …) — all up at
     once where memory allows — so the machine's drift falls on both sides; every speedup and ITL
@@ -72,6 +76,7 @@ def verify(ctx, results_file, top, configs, candidate_files, ks, concurrency, re
     \b
     Examples:
       draftfit verify reports/RUN/results.json --top 3 --concurrency 1,4,8
+      draftfit verify reports/RUN/results.json --recommended
       draftfit verify reports/RUN/results.json --config ngram-2-4:3
       draftfit verify reports/RUN/results.json --candidate candidates/eagle.yaml --k 3
       draftfit verify reports/RUN/results.json --config ngram-2-4:3 --server http://staging:8000 \\
@@ -83,7 +88,7 @@ def verify(ctx, results_file, top, configs, candidate_files, ks, concurrency, re
     from draftfit.verify.run import VerifyRun
 
     debug = is_debug()
-    run = VerifyRun(results_file, top=top, configs=configs, candidate_files=candidate_files, ks=ks,
+    run = VerifyRun(results_file, top=top, recommended=recommended, configs=configs, candidate_files=candidate_files, ks=ks,
                     concurrency=concurrency, requests=requests, timeout_s=timeout_s,
                     gpu_memory_utilization=gpu_memory_utilization, dtype=dtype, argv=ctx.meta.get("draftfit.argv"), debug=debug,
                     trust_remote_code=trust_remote_code, show_prompts=show_prompts, resume=not no_resume,
@@ -106,8 +111,7 @@ def verify(ctx, results_file, top, configs, candidate_files, ks, concurrency, re
         click.echo("")
         click.echo("Roll-out flags:")
         for item in summary["flagged"]:
-            name = "baseline" if item["candidate"] is None else f"{item['candidate']} k={item['k']}"
-            click.echo(f"  {name} at concurrency {item['concurrency']}: {', '.join(item['flags'])}")
+            click.echo(f"  {item['config']} at concurrency {item['concurrency']}: {', '.join(item['flags'])}")
     from draftfit.explore import measured_better
 
     better = measured_better(results)

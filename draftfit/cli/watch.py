@@ -13,7 +13,8 @@ import click
 @click.argument("url")
 @click.option("--results", "results_file", required=True, type=click.Path(dir_okay=False, exists=True, path_type=Path),
               help="The results.json `rank` wrote for this deployment.")
-@click.option("--config", metavar="NAME:K", help="The configuration the server runs. Default: the results' recommendation.")
+@click.option("--config", metavar="NAME:K", help="The configuration the server runs. Default: rank's recommended deploy command, its k schedule by "
+                   "batch size included (the prediction of the k it runs at the observed concurrency).")
 @click.option("--interval", "interval_s", type=click.FloatRange(min=0.1), default=10.0, show_default=True,
               help="Seconds between scrapes of the server's /metrics.")
 @click.option("--duration", "duration_s", type=click.FloatRange(min=0), default=60.0, show_default=True,

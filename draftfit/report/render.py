@@ -172,8 +172,10 @@ def _recommendation(results: Results) -> dict[str, Any]:
         })
     chosen = configs.get((rec.get("candidate"), rec.get("k")))
     vram = (chosen or {}).get("vram")
-    measured = [r for r in explore.measured_vs_predicted(results)
-                if r["candidate"] == rec.get("candidate") and r["k"] == rec.get("k")]
+    rows = explore.measured_vs_predicted(results)
+    # the deploy command itself (its k schedule included) where verify measured it, else its k alone
+    measured = next((found for key in explore.recommended_keys(results)
+                     if (found := [r for r in rows if explore.row_key(r) == key])), [])
     method = rec.get("method")
     cand = next((c for c in results.candidates if c.get("name") == rec.get("candidate")), {})
     draft = _draft_label(cand.get("draft") or {"method": method}) or rec.get("model") or ""

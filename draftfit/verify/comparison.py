@@ -12,8 +12,10 @@ import numpy as np
 from draftfit import results as results_mod
 from draftfit.acceptance import select_rule
 from draftfit.candidates import StudySettings
+from draftfit.deploy import k_at
 from draftfit.metrics import SpecCounts
 from draftfit.records import ConfigEntry, MeasuredEntry, flat_level
+from draftfit.verify.selection import config_label
 
 log = logging.getLogger(__name__)
 Progress = Callable[[str], None]
@@ -142,12 +144,20 @@ def relative_error(predicted: float | None, measured: float | None) -> float | N
 
 
 def predicted_level(results: results_mod.Results, candidate: str | None, k: int | None, concurrency: int,
-                    prompts_sent: int | None = None) -> dict[str, Any] | None:
+                    prompts_sent: int | None = None, *, schedule: Sequence[Sequence[int]] | None = None) -> dict[str, Any] | None:
     """The predictions `rank` made for (candidate, k) at ``concurrency`` (the baseline: its ITL), or None.
 
     ``prompts_sent``: verify sent only the first that many sampled prompts; the acceptance is then
     predicted for those prompts (:func:`for_prompts`), so it is compared with the same text.
+    ``schedule``: a k by batch size; the prediction is that of the k it runs at ``concurrency``
+    (``k_predicted``), and None where that k is 0 (rank predicts no cost for speculation off).
     """
+    if schedule:
+        k = k_at(schedule, concurrency)
+        if not k:
+            return None
+        found = predicted_level(results, candidate, k, concurrency, prompts_sent)
+        return {**found, "k_predicted": k} if found is not None else None
     for config in results.configs:
         if candidate is not None and (config["candidate"], config["k"]) != (candidate, k):
             continue
@@ -294,7 +304,8 @@ def recompare(results: results_mod.Results, measured: Sequence[MeasuredEntry], *
     out = []
     for entry in measured:
         entry = dict(entry)
-        predicted = predicted_level(results, entry.get("candidate"), entry.get("k"), entry["concurrency"], entry.get("prompts_sent"))
+        predicted = predicted_level(results, entry.get("candidate"), entry.get("k"), entry["concurrency"], entry.get("prompts_sent"),
+                                    schedule=entry.get("schedule"))
         baseline = (baselines.get((entry.get("verify_id"), entry.get("group"), entry["concurrency"]))
                     if entry.get("candidate") is not None else None)
         out.append(compare(entry, predicted, baseline, draft_is_target=bool(entry.get("draft_is_target")), rule=rule,
@@ -307,12 +318,13 @@ def entry_key(entry: dict[str, Any]) -> tuple[str | None, int | None, int]:
 
 
 def entry_label(entry: dict[str, Any]) -> str:
-    return "baseline" if entry.get("candidate") is None else f"{entry['candidate']} k={entry['k']}"
+    """``baseline``, ``NAME k=K`` or ``NAME k=[…]`` (a k schedule): the configuration an entry measured."""
+    return config_label(entry.get("candidate"), entry.get("k"), entry.get("schedule"))
 
 
-def _run_key(entry: dict[str, Any]) -> tuple[str, int, str, int, int]:
+def _run_key(entry: dict[str, Any]) -> tuple[str, int, str, int, str, int]:
     return (str(entry.get("verify_id") or ""), int(entry.get("group") or 0), entry.get("candidate") or "",
-            int(entry.get("k") or 0), int(entry["concurrency"]))
+            int(entry.get("k") or 0), str(entry.get("schedule") or ""), int(entry["concurrency"]))
 
 
 def merge_measured(existing: Sequence[MeasuredEntry], new: Sequence[MeasuredEntry]) -> list[MeasuredEntry]:
@@ -324,7 +336,7 @@ def merge_measured(existing: Sequence[MeasuredEntry], new: Sequence[MeasuredEntr
     merged.update({_run_key(e): e for e in new})
     return sorted(merged.values(), key=lambda e: (str(e.get("verify_id") or ""), int(e.get("group") or 0),
                                                   e.get("candidate") is not None, e.get("candidate") or "", e.get("k") or 0,
-                                                  e["concurrency"]))
+                                                  str(e.get("schedule") or ""), e["concurrency"]))
 
 
 def latest_run(measured: Sequence[MeasuredEntry]) -> list[MeasuredEntry]:
@@ -335,8 +347,9 @@ def latest_run(measured: Sequence[MeasuredEntry]) -> list[MeasuredEntry]:
 
 def annotate_configs(configs: list[ConfigEntry], measured: Sequence[MeasuredEntry]) -> None:
     """Copy the headline measured figures of the last verify run into the matching
-    ``configs[].per_concurrency`` rows (the CSV's *_measured columns)."""
-    by_key = {entry_key(e): e for e in latest_run(measured) if e.get("candidate") is not None}
+    ``configs[].per_concurrency`` rows (the CSV's *_measured columns). A k schedule is not one of
+    those configurations: its entries stay in ``measured`` only."""
+    by_key = {entry_key(e): e for e in latest_run(measured) if e.get("candidate") is not None and not e.get("schedule")}
     for config in configs:
         for level in config.get("per_concurrency", []):
             for key in ("al_measured", "speedup_measured", "speedup_ci_low_measured", "speedup_ci_high_measured",
@@ -356,12 +369,13 @@ def annotate_configs(configs: list[ConfigEntry], measured: Sequence[MeasuredEntr
 def verify_summary(measured: Sequence[dict]) -> dict[str, Any]:
     """The top-level roll-out summary: every flagged entry, and the suspected engine faults."""
     flagged = [
-        {"candidate": e.get("candidate"), "k": e.get("k"), "concurrency": e["concurrency"], "flags": e["flags"],
-         "speedup_measured": e.get("speedup_measured")}
+        {"candidate": e.get("candidate"), "k": e.get("k"), "schedule": e.get("schedule"), "config": entry_label(e),
+         "concurrency": e["concurrency"], "flags": e["flags"], "speedup_measured": e.get("speedup_measured")}
         for e in measured if e.get("flags")
     ]
     faults = [
-        {"candidate": e.get("candidate"), "k": e.get("k"), "concurrency": e["concurrency"], "reason": e["engine_fault"]}
+        {"candidate": e.get("candidate"), "k": e.get("k"), "schedule": e.get("schedule"), "config": entry_label(e),
+         "concurrency": e["concurrency"], "reason": e["engine_fault"]}
         for e in measured if e.get("engine_fault")
     ]
     return {"kind": "measured", "flagged": flagged, "engine_faults": faults, "flag_meanings": dict(ROLLOUT_FLAGS)}
@@ -373,7 +387,7 @@ def summary_lines(measured: Sequence[dict]) -> list[str]:
     for e in measured:
         if not e.get("flags"):
             continue
-        name = "baseline" if e.get("candidate") is None else f"{e['candidate']} k={e['k']}"
+        name = entry_label(e)
         detail = ", ".join(e["flags"])
         speed = e.get("speedup_measured")
         extra = f" (measured speedup {speed:.2f}×)" if speed is not None else ""

@@ -139,6 +139,7 @@ def group_entries(group: dict[str, ConfigRuns], verify_id: str, group_index: int
             "kind": "measured", "verify_id": verify_id, "group": group_index, "candidate": config.candidate, "k": config.k,
             "method": config.method, "draft": config.draft, "speculative_config": config.speculative_config,
             "draft_is_target": config.draft_is_target, "serve_argv": measured.serve_argv, "server_url": measured.url,
+            "schedule": [list(r) for r in config.schedule] if config.schedule else None,
             "server_state": measured.server_state, "startup_s": _median(measured.startup_s), **context,
         }
         for level in levels:
@@ -223,6 +224,7 @@ class VerifyRun:
     configs: Sequence[str] = ()
     candidate_files: Sequence[str | Path] = ()
     ks: Sequence[int] | None = None
+    recommended: bool | None = None  # rank's recommended deploy command (None: when nothing else is chosen)
     concurrency: Sequence[int] | None = None
     requests: int | None = None
     timeout_s: float = DEFAULT_TIMEOUT_S
@@ -248,9 +250,11 @@ class VerifyRun:
         self.results_path = Path(self.results_path)
         results = results_mod.load(self.results_path)
         study = StudySettings.model_validate(results.study)
-        chosen = select_configs(results, top=self.top, configs=self.configs, candidate_files=self.candidate_files, ks=self.ks)
+        chosen = select_configs(results, top=self.top, configs=self.configs, candidate_files=self.candidate_files, ks=self.ks,
+                                recommended=self.recommended)
         target_ref = _target_ref(results)
-        configs = [speculative_config(c, k, target_ref, study, trust_remote_code=self.trust_remote_code) for c, k in chosen]
+        configs = [speculative_config(c.candidate, c.k, target_ref, study, trust_remote_code=self.trust_remote_code,
+                                      schedule=c.schedule) for c in chosen]
         levels = tuple(sorted(set(self.concurrency or study.concurrency)))
         if not levels or min(levels) < 1:
             raise DraftfitError("concurrency levels must be whole numbers ≥ 1", fix="Use e.g. --concurrency 1,4,8")
@@ -356,7 +360,7 @@ class VerifyRun:
         for index, group in enumerate(groups):
             labels = {c.label for c in group} | {"baseline"}
             kept = [e for e in earlier if e.get("group") == index]
-            if {("baseline" if e.get("candidate") is None else f"{e['candidate']} k={e['k']}") for e in kept} == labels \
+            if {entry_label(e) for e in kept} == labels \
                     and all(not e.get("engine_failed") for e in kept) and len(kept) == len(labels) * len(levels):
                 self.progress(f"group {index + 1}: measured before the interruption (verify {verify_id}); kept")
                 new.extend(kept)
@@ -376,7 +380,8 @@ class VerifyRun:
             baseline_by_level = {e["concurrency"]: e for e in entries if e.get("candidate") is None}
             for entry in entries:
                 config = measured[entry_label(entry)].config
-                predicted = predicted_level(results, config.candidate, config.k, entry["concurrency"], prompts_sent)
+                predicted = predicted_level(results, config.candidate, config.k, entry["concurrency"], prompts_sent,
+                                            schedule=config.schedule)
                 baseline = baseline_by_level.get(entry["concurrency"]) if config.candidate is not None else None
                 compare(entry, predicted, baseline, draft_is_target=config.draft_is_target, rule=rule,
                         temperature=study.temperature, device=device)
@@ -395,7 +400,7 @@ class VerifyRun:
             return {}
         if len(configs) != 1:
             raise DraftfitError(f"--server measures one configuration; {len(configs)} are chosen",
-                                fix="Name the configuration the server runs with one --config NAME:K")
+                                fix="Name the configuration the server runs: --recommended (rank's deploy command) or one --config NAME:K")
         if not self.baseline_server:
             raise DraftfitError("--server needs the baseline's server too, to measure speedups against",
                                 fix="Start `vllm serve` without --speculative-config on the same hardware and pass "

@@ -11,17 +11,29 @@ from typing import Any
 
 from draftfit import results as results_mod
 from draftfit.candidates import Candidate, StudySettings, load_candidate
+from draftfit.deploy import schedule_text, validate_schedule
 from draftfit.errors import DraftfitError
 
 log = logging.getLogger(__name__)
 Progress = Callable[[str], None]
+Schedule = tuple[tuple[int, int, int], ...]
 
 DEFAULT_TOP = 3
 
 
+def config_label(candidate: str | None, k: int | None, schedule: Sequence[Sequence[int]] | None = None) -> str:
+    """``baseline``, ``NAME k=K``, or ``NAME k=[1-2:2 3-1024:1]`` for a k schedule by batch size."""
+    if candidate is None:
+        return "baseline"
+    return f"{candidate} k=[{schedule_text(schedule)}]" if schedule else f"{candidate} k={k}"
+
+
 @dataclass(frozen=True)
 class VerifyConfig:
-    """One configuration to measure; ``candidate is None`` is the no-speculation baseline."""
+    """One configuration to measure; ``candidate is None`` is the no-speculation baseline.
+
+    ``schedule``: vLLM's ``num_speculative_tokens_per_batch_size`` (``k`` is then its largest k,
+    the ``num_speculative_tokens`` the server is started with)."""
 
     candidate: str | None
     k: int | None
@@ -30,14 +42,20 @@ class VerifyConfig:
     speculative_config: dict[str, Any] | None = None
     draft_is_target: bool = False
     target: str | None = None  # a checkpoint served in the target's place (None: the target)
+    schedule: Schedule | None = None
 
     @property
     def label(self) -> str:
-        return "baseline" if self.candidate is None else f"{self.candidate} k={self.k}"
+        return config_label(self.candidate, self.k, self.schedule)
 
-    @property
-    def key(self) -> tuple[str | None, int | None]:
-        return self.candidate, self.k
+
+@dataclass(frozen=True)
+class Choice:
+    """A configuration chosen to verify: a candidate at one k, or rank's recommended k schedule."""
+
+    candidate: Candidate
+    k: int
+    schedule: Schedule | None = None
 
 
 BASELINE = VerifyConfig(None, None)
@@ -92,8 +110,9 @@ def parse_config(text: str) -> tuple[str, int]:
 
 
 def speculative_config(candidate: Candidate, k: int, target_ref, study: StudySettings, *,
-                       trust_remote_code: bool = False) -> VerifyConfig:
-    """The vLLM ``speculative_config`` for (candidate, k), with every model path made local."""
+                       trust_remote_code: bool = False, schedule: Schedule | None = None) -> VerifyConfig:
+    """The vLLM ``speculative_config`` for (candidate, k), with every model path made local; with
+    ``schedule``, k is its largest and the schedule goes in as ``num_speculative_tokens_per_batch_size``."""
     from draftfit.methods import get_method
 
     draft = candidate.draft
@@ -104,8 +123,42 @@ def speculative_config(candidate: Candidate, k: int, target_ref, study: StudySet
         extra["quantization"] = draft.quantization
     spec = get_method(draft.method).engine_config(candidate, k, target_ref, extra, trust_remote_code=trust_remote_code)
     directory = str(spec.directory) if spec.directory else None
-    return VerifyConfig(candidate.name, int(k), draft.method, directory, spec.config, spec.draft_is_target,
-                        str(spec.target) if spec.target else None)
+    config = spec.config
+    if schedule:
+        config = {**config, "num_speculative_tokens_per_batch_size": [list(r) for r in schedule]}
+    return VerifyConfig(candidate.name, int(k), draft.method, directory, config, spec.draft_is_target,
+                        str(spec.target) if spec.target else None, schedule or None)
+
+
+def deployed_k(results: results_mod.Results) -> tuple[int, Schedule | None] | None:
+    """The ``num_speculative_tokens`` and k schedule by batch size (None: one k) of the deploy
+    command rank recommends; None where it recommends serving without speculation."""
+    rec = results.recommendation or {}
+    if rec.get("candidate") is None:
+        return None
+    command = (results.deploy or {}).get("recommended") or {}
+    if command and not command.get("deployable", True):
+        raise DraftfitError(f"rank's recommended command is not deployable on vLLM {command.get('vllm_version')}: "
+                            f"{command.get('problem')}", fix="Name a configuration with --config NAME:K instead")
+    kwargs = command.get("llm_kwargs") or {}
+    spec = command.get("speculative_config") or kwargs.get("speculative_config") or {}
+    k = int(spec.get("num_speculative_tokens") or kwargs.get("num_speculative_tokens") or rec["k"])
+    schedule = spec.get("num_speculative_tokens_per_batch_size")
+    return k, validate_schedule(schedule) if schedule else None
+
+
+def recommended_choice(results: results_mod.Results) -> Choice | None:
+    """The configuration of the deploy command rank recommends, exactly (:func:`deployed_k`), or
+    None where rank recommends serving without speculation."""
+    deployed = deployed_k(results)
+    if deployed is None:
+        return None
+    name = results.recommendation["candidate"]
+    known = _candidates(results)
+    if name not in known:
+        raise DraftfitError(f"the recommended candidate {name!r} is not among the results' candidates",
+                            fix="Run `draftfit rank` again; the results file is incomplete")
+    return Choice(known[name], *deployed)
 
 
 def select_configs(
@@ -115,19 +168,29 @@ def select_configs(
     configs: Sequence[str] = (),
     candidate_files: Sequence[str | Path] = (),
     ks: Sequence[int] | None = None,
-) -> list[tuple[Candidate, int]]:
-    """Which (candidate, k) to verify: the top of the ranking, named configs, and candidate files.
+    recommended: bool | None = None,
+) -> list[Choice]:
+    """What to verify: rank's recommended deploy command, the top of the ranking, named configs,
+    and candidate files.
 
     Candidate files may add candidates the results do not hold (e.g. eagle heads `rank` cannot
     score); their target must be the results' target. ``ks`` applies to candidate files (default:
-    each file's own k list). Without any choice, the top 3.
+    each file's own k list). Without any choice, the recommended command (where rank recommends
+    speculation) and the top 3.
     """
     known = _candidates(results)
-    chosen: list[tuple[Candidate, int]] = []
-    if top is None and not configs and not candidate_files:
+    chosen: list[Choice] = []
+    if top is None and not configs and not candidate_files and not recommended:
         top = DEFAULT_TOP
+        recommended = recommended is None
+    if recommended:
+        choice = recommended_choice(results)
+        if choice is None and top is None and not configs and not candidate_files:
+            raise DraftfitError("rank recommends serving without speculation: there is no recommended speculative "
+                                "command to verify", fix="Name configurations with --config NAME:K or --top N")
+        chosen += [choice] if choice is not None else []
     if top:
-        chosen += [(known[name], k) for name, k in top_configs(results, top)]
+        chosen += [Choice(known[name], k) for name, k in top_configs(results, top)]
     for text in configs:
         name, k = parse_config(text)
         if name not in known:
@@ -135,7 +198,7 @@ def select_configs(
                 f"--config {text}: no candidate named {name!r} in the results ({', '.join(sorted(known)) or 'none'})",
                 fix="Use a candidate name from the ranking, or pass its file with --candidate FILE --k K",
             )
-        chosen.append((known[name], k))
+        chosen.append(Choice(known[name], k))
     if candidate_files:
         target = results.candidates[0]["target"] if results.candidates else None
         for path in candidate_files:
@@ -151,11 +214,11 @@ def select_configs(
                     where=str(path), fix="Rename it, or pass the file the ranking used",
                 )
             for k in ks or candidate.k:
-                chosen.append((candidate, int(k)))
-    for candidate, k in chosen:
-        if not 1 <= k <= 16:
-            raise DraftfitError(f"{candidate.name}: k={k} is outside 1..16", fix="Use k between 1 and 16")
-    unique: dict[tuple[str, int], tuple[Candidate, int]] = {}
-    for candidate, k in chosen:
-        unique.setdefault((candidate.name, k), (candidate, k))
+                chosen.append(Choice(candidate, int(k)))
+    for choice in chosen:
+        if not 1 <= choice.k <= 16:
+            raise DraftfitError(f"{choice.candidate.name}: k={choice.k} is outside 1..16", fix="Use k between 1 and 16")
+    unique: dict[tuple[str, int, Schedule | None], Choice] = {}
+    for choice in chosen:
+        unique.setdefault((choice.candidate.name, choice.k, choice.schedule), choice)
     return list(unique.values())
