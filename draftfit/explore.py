@@ -344,11 +344,11 @@ __all__ = [
     "level_of",
     "load",
     "measured_vs_predicted",
-    "recommended_keys",
-    "row_key",
     "per_position",
     "primary_concurrency",
     "ranking",
+    "recommended_keys",
+    "row_key",
     "segments",
     "select",
     "speedup_vs_concurrency",
@@ -399,7 +399,7 @@ def measured_better(results: Results) -> str | None:
         return (f"the recommended {chosen[0]} k={chosen[1]} was not verified; of the verified configurations "
                 f"{best['config']} measured fastest at concurrency {level}: {best['speedup_measured']:.2f}× (measured)")
     # at the primary level the schedule runs the recommended k: that k measured alone is not another choice
-    if best is mine or best["speedup_measured"] <= mine["speedup_measured"] or (best["candidate"], best["k"], best["schedule"]) == keys[-1]:
+    if best is mine or best["speedup_measured"] <= mine["speedup_measured"] or row_key(best) == keys[-1]:
         return None
     return (f"verify measured {best['config']} faster than the recommended {mine['config']} at concurrency {level}: "
             f"{best['speedup_measured']:.2f}× against {mine['speedup_measured']:.2f}× (measured, "
