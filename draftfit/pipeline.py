@@ -373,6 +373,7 @@ class RankRun:
     served_repeats: list = field(default_factory=list)  # each timing of the served baseline (served_base: their median)
     served_unpaired: dict = field(default_factory=dict)  # candidate → why the baseline was not timed beside it
     corrections: dict = field(default_factory=dict)  # candidate → ServedCorrection applied
+    replayed: dict = field(default_factory=dict)  # candidate → its steps timed alone as the corrected model gives them back
     show_prompts: bool = False  # prompt text in warnings and progress lines (off: row numbers only)
     trust_remote_code: bool = False  # let model repositories run their own code
 
@@ -574,6 +575,7 @@ class RankRun:
                 "unpaired": self.served_unpaired,
                 "speculative": {name: [t.to_dict() for t in ts] for name, ts in self.spec_steps.items()},
                 "corrections": {name: c.to_dict() for name, c in self.corrections.items()},
+                "replayed": {name: [r.to_dict() for r in steps] for name, steps in self.replayed.items()},
             }} if self.spec_steps or self.served_base else {}),
             study=study.model_dump(mode="json"),
             candidates=[p.candidate.model_dump(mode="json") for p in plans],
@@ -623,11 +625,13 @@ class RankRun:
             ScaledDraftCost,
             ScaledStepTime,
             pass_times,
+            predict_costs,
         )
         from draftfit.spec_timing import (
             ASSUMED_SCALE_RANGE,
             DRAFT_SCALE_RANGE,
             base_offsets,
+            replay_alone,
             served_correction,
         )
 
@@ -649,6 +653,14 @@ class RankRun:
         self.corrections[candidate.name] = correction
         target = OffsetStepTime(target_step, correction.base_offset_s, correction.base_per_seq_s, correction.timed_batch)
         draft = draft_cost if correction.draft_scale == 1.0 else ScaledDraftCost(draft_cost, correction.draft_scale)
+
+        def modelled(k: int, fraction: float, context: float) -> float:
+            # through predict_costs itself, as the predictions are priced
+            costs = predict_costs(target, draft, [max(k, 1)], [1.0], concurrency=[1], context_len=context,
+                                  draft_fraction=[fraction], **correction.cost_terms())
+            return float(costs.t_spec[0, 0] if k else costs.t_base[0])
+
+        self.replayed[candidate.name] = replay_alone(self.served_base, timings, modelled, context_len)
         return target, draft, correction
 
     def _score(self, trajset, draft_ref: ModelRef, engine_config, session: EngineSession):
@@ -755,10 +767,7 @@ class RankRun:
             served_target, draft_cost, correction = self._served(c, method, target_step, draft_cost, context_len)
             prediction = predict_costs(
                 served_target, draft_cost, ks, np.clip(per_step, 1.0, kmax), concurrency=study.concurrency,
-                step_overhead_s=correction.step_overhead_s if correction else 0.0,
-                step_overhead_per_seq_s=correction.overhead_per_seq_s if correction else 0.0,
-                per_seq_timed_batch=correction.timed_batch if correction else np.inf,
-                context_len=context_len, al_low=np.clip(al_low * scale, 1.0, kmax), al_high=np.clip(al_high * scale, 1.0, kmax),
+                **(correction.cost_terms() if correction else {}), context_len=context_len, al_low=np.clip(al_low * scale, 1.0, kmax), al_high=np.clip(al_high * scale, 1.0, kmax),
                 draft_fraction=fraction, prompt_len=prompt_lens, output_len=out_lens,
             )
             vram = None

@@ -283,6 +283,11 @@ class ServedCorrection:
     def to_dict(self) -> dict[str, Any]:
         return {**asdict(self), "timed_ks": list(self.timed_ks)}
 
+    def cost_terms(self) -> dict[str, float]:
+        """The speculative step's terms beyond the passes, as draftfit.costmodel.predict_costs takes them."""
+        return {"step_overhead_s": self.step_overhead_s, "step_overhead_per_seq_s": self.overhead_per_seq_s,
+                "per_seq_timed_batch": self.timed_batch}
+
 
 DRAFT_SCALE_RANGE = (0.25, 4.0)  # outside it the timing is not trusted over the profile
 # a proposer without a profile of its own (an EAGLE head: the target's passes × its weight share) has
@@ -384,5 +389,42 @@ def served_correction(base: Sequence[SpecStepTiming] | SpecStepTiming | None,
                             timed_batch=max(t.batch for t in timed), timed_ks=tuple(sorted({t.k for t in timed})))
 
 
+@dataclass(frozen=True)
+class ReplayedStep:
+    """A step timed alone, given back by the corrected cost model through the predictions' own
+    path: at the timing's context (what the correction met) and at the study's (what the
+    concurrency-1 predictions price). The two differ by the profile's context terms, so a
+    prediction at the timed k is the timing's ratio only as far as the timing's context is the
+    study's (a self-draft timed at 150 tokens and predicted at 219: 1.5% apart). ``k`` 0: the
+    plain target step."""
+
+    k: int
+    context_len: float
+    timed_s: float
+    modelled_s: float
+    study_context_len: float
+    at_study_context_s: float
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+# (k, drafted fraction, context) → the corrected model's step alone, in seconds (k 0: the plain step)
+Modelled = Callable[[int, float, float], float]
+
+
+def replay_alone(base: Sequence[SpecStepTiming] | SpecStepTiming | None, timing: Sequence[SpecStepTiming],
+                 modelled: Modelled, study_context: float) -> list[ReplayedStep]:
+    """The baseline's and the candidate's steps timed alone, each given back by ``modelled`` at its
+    own context and at the study's."""
+    plain = _by_batch(base).get(1)
+    alone = ([(0, plain)] if plain is not None else []) + [(t.k, t) for t in timing if t.batch == 1]
+    return [ReplayedStep(k=k, context_len=t.context_len or study_context, timed_s=t.seconds_per_step,
+                         modelled_s=modelled(k, t.drafted_fraction, t.context_len or study_context),
+                         study_context_len=study_context,
+                         at_study_context_s=modelled(k, t.drafted_fraction, study_context))
+            for k, t in alone]
+
+
 __all__ = ["DEFAULT_PROMPTS", "DEFAULT_TOKENS", "SERVED_BATCH", "base_offsets", "batch_schedule", "median_timings",
-           "ServedCorrection", "SpecStepTiming", "served_correction", "time_spec_steps", "timing_batches", "timing_plan"]
+           "ReplayedStep", "ServedCorrection", "SpecStepTiming", "replay_alone", "served_correction", "time_spec_steps", "timing_batches", "timing_plan"]

@@ -425,3 +425,54 @@ def test_a_step_alone_under_the_scale_floor_is_still_given_back():
     spec_within = [SpecStepTiming(1, 0.090, 1.0, 200, 3, 0.1), spec[1]]
     c = served_correction(base, spec_within, parts, model_free=False)
     assert c.draft_scale == pytest.approx(0.56) and c.step_overhead_s == 0.0
+
+
+def test_the_steps_timed_alone_are_given_back_at_their_context_and_moved_to_the_studys():
+    """A self-draft and the baseline timed on prompts shorter than the study's (150 tokens against
+    219, as in a CI run whose prediction stood 1.5% off the timing's ratio): the corrected model gives
+    both steps back at 150, and at 219 the profile's context terms move them apart; the concurrency-1
+    prediction is the timing's ratio times that move, not the ratio itself."""
+    from draftfit.costmodel import (
+        MeasuredStepTime,
+        ModelDraftCost,
+        OffsetStepTime,
+        ScaledDraftCost,
+        predict_costs,
+    )
+    from draftfit.hardware import StepProfile
+    from draftfit.spec_timing import replay_alone
+
+    target = MeasuredStepTime(StepProfile(a=0.040, b=4e-4, c=1e-5, d=2e-5))
+    draft = ModelDraftCost(target)
+    timed_context, study_context = 150.0, 219.0
+
+    def parts(k, seqs=1.0, context=None):
+        p = predict_costs(target, draft, [max(k, 1)], [1.0], concurrency=[1], context_len=context or study_context)
+        return float(p.t_base[0]), float(p.t_verify[0, 0]), float(p.t_draft[0, 0])
+
+    base = [SpecStepTiming(0, 0.062, 0.0, 300, 3, 0.1, context_len=timed_context)]
+    spec = [SpecStepTiming(1, 0.117, 1.0, 200, 3, 0.1, context_len=timed_context)]
+    c = served_correction(base, spec, parts, model_free=False)
+    served, proposer = OffsetStepTime(target, c.base_offset_s), ScaledDraftCost(draft, c.draft_scale)
+
+    def modelled(k, fraction, context):
+        p = predict_costs(served, proposer, [max(k, 1)], [1.0], concurrency=[1], context_len=context,
+                          draft_fraction=[fraction], **c.cost_terms())
+        return float(p.t_spec[0, 0] if k else p.t_base[0])
+
+    plain, alone = replay_alone(base, spec, modelled, study_context)
+    assert (plain.k, alone.k) == (0, 1)
+    for step, timing in ((plain, base[0]), (alone, spec[0])):
+        assert step.context_len == timed_context and step.study_context_len == study_context
+        assert step.modelled_s == pytest.approx(timing.seconds_per_step, rel=1e-3)
+        assert step.at_study_context_s > step.modelled_s  # longer contexts cost more
+    # the self-draft's step holds two target passes' context terms, the plain step one
+    moved = (plain.at_study_context_s / plain.modelled_s) / (alone.at_study_context_s / alone.modelled_s)
+    assert moved < 0.99
+    speedup = float(predict_costs(served, proposer, [1], [2.0], concurrency=[1], context_len=study_context,
+                                  **c.cost_terms()).speedup[0, 0])
+    assert speedup == pytest.approx(2.0 * 0.062 / 0.117 * moved, rel=1e-3)
+    assert speedup != pytest.approx(2.0 * 0.062 / 0.117, rel=0.01)
+    # a batched timing is not replayed: alone is what the concurrency-1 predictions divide by
+    batched = SpecStepTiming(1, 0.2, 1.0, 80, 3, 0.1, batch=4, context_len=timed_context)
+    assert [r.k for r in replay_alone(base, [*spec, batched], modelled, study_context)] == [0, 1]

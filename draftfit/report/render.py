@@ -465,14 +465,16 @@ def _provenance(results: Results) -> dict[str, Any]:
 
 def _served_timing(prov: dict[str, Any]) -> list[dict[str, Any]]:
     """One row per timed engine (the plain target, then each candidate): its served steps by batch
-    (ms) and, for a candidate, the correction they gave the cost model."""
+    (ms) and, for a candidate, the correction they gave the cost model and its steps timed alone as
+    the corrected model gives them back, at their context and at the study's."""
     served = prov.get("served_timing") or {}
     if not served:
         return []
     base = [t for t in [served.get("baseline"), *(served.get("baseline_batched") or [])] if t]
-    rows = [{"name": "no speculation", "steps": base, "correction": None}] if base else []
+    rows = [{"name": "no speculation", "steps": base, "correction": None, "replayed": []}] if base else []
     corrections = served.get("corrections") or {}
-    rows += [{"name": name, "steps": steps, "correction": corrections.get(name)}
+    replayed = served.get("replayed") or {}
+    rows += [{"name": name, "steps": steps, "correction": corrections.get(name), "replayed": replayed.get(name) or []}
              for name, steps in sorted((served.get("speculative") or {}).items())]
     return rows
 
