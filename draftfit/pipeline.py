@@ -827,6 +827,8 @@ class RankRun:
                             speedup_ci_high=float(prediction.speedup_high[i, j]),
                             tok_s_per_seq_predicted=float(prediction.tok_s_per_seq[i, j]),
                             tok_s_aggregate_predicted=float(prediction.tok_s_aggregate[i, j]),
+                            itl_off_ms_predicted=1000 * float(prediction.itl_base_s[j] + prediction.t_off[j]),
+                            speedup_off_predicted=float(prediction.off_speedup[j]),
                         )
                         for j, level in enumerate(prediction.concurrency)
                     ],

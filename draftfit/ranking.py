@@ -54,6 +54,8 @@ class RankRow:
     acceptance_rate: float | None = None
     source: str = ""
     kind: str = "predicted"
+    # per level: with a k schedule off there (k = 0), which still runs a draft model's first pass; () not predicted
+    off_speedup: tuple[float, ...] = ()
 
     def level(self, concurrency: int) -> int:
         try:
@@ -102,6 +104,7 @@ def rows_from_prediction(
                 fit_reason=vram.fit_reason if vram is not None else "model-free: no extra memory",
                 acceptance_rate=None if acceptance_rate is None else float(acceptance_rate[i]),
                 source=prediction.source,
+                off_speedup=tuple(float(x) for x in prediction.off_speedup),
             )
         )
     return rows
@@ -208,7 +211,9 @@ def rank_configs(rows: Sequence[RankRow], primary_concurrency: int) -> list[Rank
 
 @dataclass(frozen=True)
 class ScheduleEntry:
-    """The k for one concurrency level (``None`` = off: no k predicts a speedup ≥ 1)."""
+    """The k for one concurrency level (``None`` = off: no k predicts a speedup ≥ 1). Off, the
+    speedup fields are the best k's (why it is off) and ``off_speedup`` is what the schedule runs
+    at there: speculation off, a draft model's first pass still run (1 for a model-free method)."""
 
     concurrency: int
     k: int | None
@@ -216,6 +221,7 @@ class ScheduleEntry:
     speedup_low: float
     speedup_high: float
     reason: str
+    off_speedup: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -242,6 +248,7 @@ def k_schedule(rows: Sequence[RankRow], candidate: str) -> list[ScheduleEntry]:
                     best.speedup_low[i],
                     best.speedup_high[i],
                     f"off: best predicted speedup {best.speedup[i]:.2f}× (k={best.k}) < 1",
+                    best.off_speedup[i] if best.off_speedup else None,
                 )
             )
             continue

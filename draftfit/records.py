@@ -66,6 +66,9 @@ class LevelEntry(_SpeedPredicted, total=False):
                                                       "the stall is (concurrency − 1) × their mean / the mean answer length.")]
     prefill_spec_ms_predicted: Annotated[list[Num], _("The same for a speculative step (the draft's own prefill included), ms.")]
     tok_s_per_seq_predicted: Annotated[Num, _("Predicted output tokens per second of one request.")]
+    itl_off_ms_predicted: Annotated[Num, _("Predicted mean ITL where a k schedule of this candidate is off (k = 0) at this level, "
+                                           "ms: vLLM still runs a draft model's first pass each step (none model-free).")]
+    speedup_off_predicted: Annotated[Num, _("Baseline ITL / itl_off_ms_predicted.")]
     al_measured: Annotated[Num, _("Copied from `verify`'s entry at this level: vLLM's mean acceptance length.")]
     speedup_measured: Annotated[Num, _("Copied from `verify`'s entry: measured baseline ITL / this ITL.")]
     itl_p50_ms_measured: Annotated[Num, _("Copied from `verify`'s entry: measured median ITL, ms.")]

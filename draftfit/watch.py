@@ -78,8 +78,8 @@ class Deployed:
         return k_at(self.schedule, max(1, round(concurrency))) if self.schedule else self.k
 
     def expected(self, concurrency: float) -> Expected | None:
-        """The prediction at ``concurrency``; None where the schedule switches speculation off
-        (rank predicts no cost for that)."""
+        """The prediction at ``concurrency``; None where the schedule switches speculation off (rank
+        writes that step's cost, itl_off_ms_predicted, but no interval to hold a server to)."""
         k = self.k_running(concurrency)
         return expected_at(self.configs[k], concurrency) if k else None
 
@@ -172,7 +172,7 @@ class Watch:
                                 f"at concurrency {concurrency:.1f}: slower than predicted")
         predicted = expected.to_dict() if expected is not None else {
             "kind": "predicted", "k": 0, "concurrency": concurrency,
-            "note": "the k schedule switches speculation off at this concurrency: not predicted"}
+            "note": "the k schedule switches speculation off at this concurrency: not judged (no predicted interval)"}
         observation = {"time": now, "measured": measured, "predicted": predicted, "drift": problems}
         self.observations.append(observation)
         return observation

@@ -168,6 +168,10 @@ def test_early_exit_draft_costs_memory_and_ngram_none(measured_run):
     # 2·layers·kv_heads·head_dim·bytes of the study's dtype (float32: the session's ranked study)
     assert data["study"]["dtype"] == "float32"
     assert by_name["early-exit-4"]["vram"]["kv_draft_bytes_per_token"] == 2 * 4 * 3 * 64 * 4
+    # a k schedule off at a level still runs a draft model's first pass there, and nothing model-free
+    offs = {name: [level["speedup_off_predicted"] for level in c["per_concurrency"]] for name, c in by_name.items()}
+    assert offs["ngram-2-4"] == [1.0] * len(offs["ngram-2-4"])
+    assert all(0.0 < off < 1.0 for off in offs["early-exit-4"]), offs
 
 
 @pytest.mark.slow

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 
@@ -234,3 +235,17 @@ def test_rows_from_cost_prediction():
     assert rows[1].speedup[0] == pytest.approx(2.4 * 10.1 / 13.4)
     assert rows[1].speedup_low[0] == pytest.approx(2.2 * 10.1 / 13.4)
     assert rows[1].source == "measured-profile"
+    # k = 0 in a schedule: the draft's first pass over one token per sequence, 1 ms, still runs each step
+    assert rows[0].off_speedup == rows[1].off_speedup == pytest.approx(tuple(pred.off_speedup))
+    assert rows[0].off_speedup[0] == pytest.approx(10.1 / 11.1)
+
+
+def test_an_off_level_carries_what_the_schedule_runs_there():
+    """Off, the schedule still runs the draft's first pass each step: the entry says what that costs
+    (predicted), beside the best k's speedup that put it off."""
+    rows = [replace(row("d", k, s, levels=(1, 16)), off_speedup=(0.97, 0.93)) for k, s in ((1, (1.3, 0.95)), (2, (1.5, 0.9)))]
+    entries = k_schedule(rows, "d")
+    assert [(e.k, e.off_speedup) for e in entries] == [(2, None), (None, 0.93)]
+    assert entries[1].speedup == 0.95 and entries[1].to_dict()["off_speedup"] == 0.93
+    # rows of a record without it: not predicted, not 1
+    assert k_schedule([row("d", 1, (1.3, 0.95), levels=(1, 16))], "d")[1].off_speedup is None

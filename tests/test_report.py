@@ -307,6 +307,34 @@ def test_no_recommendation_says_serve_without_speculation(example):
     assert "Serve without speculation." in html and "predicted slower than no speculation" in html
 
 
+def test_an_off_level_of_the_schedule_shows_what_it_runs_there_not_the_baseline(example):
+    """Off (k = 0), vLLM still runs a draft model's first pass each step: the row shows that
+    predicted speedup and ITL, not 1.00× and the baseline's ITL; a record without them shows none."""
+    data = example.model_dump(mode="json")
+    rec = data["recommendation"]
+    last = rec["schedule"][-1]
+    last.update(k=None, speedup=0.95, off_speedup=0.93, reason="off: best predicted speedup 0.95× (k=1) < 1")
+    for config in (c for c in data["configs"] if c["candidate"] == rec["candidate"]):
+        level = next(v for v in config["per_concurrency"] if v["concurrency"] == last["concurrency"])
+        level.update(itl_off_ms_predicted=level["itl_base_ms_predicted"] / 0.93, speedup_off_predicted=0.93)
+    base = level["itl_base_ms_predicted"]
+
+    def off_row(results: dict) -> str:
+        section = render_html(Results.model_validate(results), figures=False).split('id="recommendation"')[1]
+        row = section.split(f'<td class="n">{last["concurrency"]}</td>')[1].split("</tr>")[0]
+        return unescape(re.sub(r"<[^>]+>", "", row))
+
+    row = off_row(data)
+    assert "0.93×" in row and "best k: 0.95×" in row and "1.00×" not in row
+    assert f"{base / 0.93:.1f}" in row or f"{base / 0.93:.0f}" in row
+    del last["off_speedup"]
+    for config in data["configs"]:
+        for level in config["per_concurrency"]:
+            level.pop("itl_off_ms_predicted", None)
+    older = off_row(data)
+    assert "1.00×" not in older and "—" in older
+
+
 def test_ranking_lists_every_config_with_speedup_at_each_level(example, example_html):
     section = example_html.split('id="ranking"')[1].split("</section>")[0]
     rows = re.findall(r"<tr class=\"[^\"]*\">", section)

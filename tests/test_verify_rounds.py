@@ -240,7 +240,7 @@ def test_watch_holds_a_k_schedule_to_the_k_it_runs_at_the_observed_concurrency()
     watch = Watch(deployed)
     watch.observe(_scrape(0, 0, 0, 0.0, running=8.0), 0.0)
     off = watch.observe(_scrape(100, 0, 10, 10.0, running=8.0), 10.0)  # AL 1, ITL 1 s: nothing predicted to miss
-    assert off["drift"] == [] and off["predicted"]["k"] == 0 and "not predicted" in format_observation(off)
+    assert off["drift"] == [] and off["predicted"]["k"] == 0 and "not judged" in format_observation(off)
 
 
 def test_watch_takes_rank_s_deploy_command_with_its_schedule():

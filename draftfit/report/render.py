@@ -159,13 +159,15 @@ def _recommendation(results: Results) -> dict[str, Any]:
     for entry in rec.get("schedule") or []:
         level_no = int(entry["concurrency"])
         k = entry.get("k")
-        config = configs.get((rec.get("candidate"), k)) if k else None
+        # off (k = 0): any of the candidate's configurations carries what its proposer costs there
+        config = configs.get((rec.get("candidate"), k)) if k else next(
+            (c for c in results.configs if c["candidate"] == rec.get("candidate")), None)
         level = explore.level_of(config, level_no) if config else None
         base = (level or {}).get("itl_base_ms_predicted", base_itl.get(level_no))
-        spec = level.get("itl_spec_ms_predicted") if level else base
+        spec = (level or {}).get("itl_spec_ms_predicted" if k else "itl_off_ms_predicted")
         gain = 1.0 - spec / base if _finite(base) and _finite(spec) and base > 0 else None
         schedule.append({
-            "concurrency": level_no, "k": k, "speedup": entry.get("speedup") if k else 1.0,
+            "concurrency": level_no, "k": k, "speedup": entry.get("speedup") if k else entry.get("off_speedup"),
             "speedup_low": entry.get("speedup_low") if k else None, "speedup_high": entry.get("speedup_high") if k else None,
             "best_off": entry.get("speedup") if not k else None,
             "itl_base_ms": base, "itl_spec_ms": spec, "itl_gain": gain, "reason": entry.get("reason", ""),

@@ -150,7 +150,8 @@ def predicted_level(results: results_mod.Results, candidate: str | None, k: int 
     ``prompts_sent``: verify sent only the first that many sampled prompts; the acceptance is then
     predicted for those prompts (:func:`for_prompts`), so it is compared with the same text.
     ``schedule``: a k by batch size; the prediction is that of the k it runs at ``concurrency``
-    (``k_predicted``), and None where that k is 0 (rank predicts no cost for speculation off).
+    (``k_predicted``), and None where that k is 0: rank writes what speculation off costs there
+    (``itl_off_ms_predicted``) but no interval and no acceptance to compare a measurement with.
     """
     if schedule:
         k = k_at(schedule, concurrency)
