@@ -89,10 +89,17 @@ class EngineSession:
     def close(self) -> None:
         if self.engine is not None:
             self.engine.close()
-            for timing in self.engine.timings:
-                kind = timing.op if timing.op in ("startup", "shutdown") else "calls"
-                self.seconds[f"engine_{kind}"] = self.seconds.get(f"engine_{kind}", 0.0) + timing.seconds
+            add_engine_seconds(self.seconds, self.engine)
             self.engine = None
+
+
+def add_engine_seconds(seconds: dict[str, float] | None, engine) -> None:
+    """A closed engine's start-up, call and shut-down seconds added to ``seconds`` (provenance.timings)."""
+    if seconds is None:
+        return
+    for timing in engine.timings:
+        kind = timing.op if timing.op in ("startup", "shutdown") else "calls"
+        seconds[f"engine_{kind}"] = seconds.get(f"engine_{kind}", 0.0) + timing.seconds
 
 
 # ---------------------------------------------------------------------------------------------
@@ -167,8 +174,10 @@ class ServedBaseline:
     unpaired (``failure``), and rank falls back to one timing of its own."""
 
     def __init__(self, target_ref: ModelRef, study: StudySettings, engine_config, prompts: list[list[int]],
-                 progress: Progress, *, trust_remote_code: bool = False, tokens: tuple[int, int] | None = None):
+                 progress: Progress, *, trust_remote_code: bool = False, tokens: tuple[int, int] | None = None,
+                 seconds: dict[str, float] | None = None):
         self.target_ref, self.engine_config, self.prompts, self.progress = target_ref, engine_config, prompts, progress
+        self.seconds = seconds  # its engine's time, added where it closes (provenance.timings)
         self.trust_remote_code = trust_remote_code
         self.plan = _baseline_plan(study)
         self.tokens = tokens or _spec_tokens(study, prompts)
@@ -228,6 +237,7 @@ class ServedBaseline:
         if self._engine is not None:
             engine, self._engine = self._engine, None
             engine.close()
+            add_engine_seconds(self.seconds, engine)
 
 
 def _fits_beside(target_ref: ModelRef, config, engine_config, *, baseline_up: bool, trust_remote_code: bool = False) -> bool:
@@ -245,7 +255,8 @@ def _fits_beside(target_ref: ModelRef, config, engine_config, *, baseline_up: bo
 def _timed_steps(target_ref: ModelRef, speculative: dict | None, plan: Sequence[tuple[int, int]], study: StudySettings,
                  engine_config, engine_fields: dict, prompts: list[list[int]], progress: Progress, label: str, *,
                  trust_remote_code: bool = False, served: str | None = None, baseline: ServedBaseline | None = None,
-                 beside: bool = True, candidate: str | None = None, tokens: tuple[int, int] | None = None) -> list:
+                 beside: bool = True, candidate: str | None = None, tokens: tuple[int, int] | None = None,
+                 seconds: dict[str, float] | None = None) -> list:
     """Decode steps in the served layout (draftfit.spec_timing) of the target with ``speculative``
     (``None``: no speculation, its engine core in a process of its own), at each (batch, k) of
     ``plan``, on one engine: from the cache, else timed. ``served``: a checkpoint served in the
@@ -254,7 +265,7 @@ def _timed_steps(target_ref: ModelRef, speculative: dict | None, plan: Sequence[
     with them in the cache entry; a cached entry's baseline timings are recorded with ``baseline``
     whatever fits now. ``candidate``: whose steps these are, named in ``baseline.unpaired`` where
     they have no baseline timed beside them because it did not fit. ``tokens``: the two differenced
-    runs' (default :func:`_spec_tokens`)."""
+    runs' (default :func:`_spec_tokens`). ``seconds``: where its engine's time is added."""
     import hashlib
     import os
     import platform
@@ -289,6 +300,7 @@ def _timed_steps(target_ref: ModelRef, speculative: dict | None, plan: Sequence[
             timings = _time_plan(engine, speculative is not None, prompts, plan, tokens)
             if baseline is not None and beside:
                 paired.append(baseline.after())
+        add_engine_seconds(seconds, engine)
         paired = [r for r in paired if r]
         write_checked_json(path, {"kind": "measured", "timings": [t.to_dict() for t in timings]}
                            | ({"baseline": [[t.to_dict() for t in r] for r in paired]} if paired else {}))
@@ -303,7 +315,8 @@ def _timed_steps(target_ref: ModelRef, speculative: dict | None, plan: Sequence[
 
 def spec_step_timings(plan: PlannedDraft, target_ref: ModelRef, study: StudySettings, engine_config, engine_fields: dict,
                       prompts: list[list[int]], progress: Progress, *, trust_remote_code: bool = False,
-                      baseline: ServedBaseline | None = None, tokens: tuple[int, int] | None = None) -> list:
+                      baseline: ServedBaseline | None = None, tokens: tuple[int, int] | None = None,
+                      seconds: dict[str, float] | None = None) -> list:
     """Real speculative steps of the candidate alone and in a batch, at the k of
     draftfit.spec_timing.timing_plan: from the cache, else timed — beside ``baseline``, timed
     around them, where both engines fit in memory."""
@@ -325,7 +338,8 @@ def spec_step_timings(plan: PlannedDraft, target_ref: ModelRef, study: StudySett
                                                    trust_remote_code=trust_remote_code)
     return _timed_steps(target_ref, speculative, timed, study, engine_config, engine_fields, prompts, progress,
                         f"{plan.candidate.name}'s speculative steps at k={ks}", trust_remote_code=trust_remote_code,
-                        served=config.target, baseline=baseline, beside=beside, candidate=plan.candidate.name, tokens=tokens)
+                        served=config.target, baseline=baseline, beside=beside, candidate=plan.candidate.name, tokens=tokens,
+                        seconds=seconds)
 
 
 def _spec_tokens(study: StudySettings, prompts: list[list[int]], most: int | None = None) -> tuple[int, int]:
@@ -340,11 +354,12 @@ def _spec_tokens(study: StudySettings, prompts: list[list[int]], most: int | Non
 
 def served_baseline_timing(target_ref: ModelRef, study: StudySettings, engine_config, engine_fields: dict,
                            prompts: list[list[int]], progress: Progress, *, trust_remote_code: bool = False,
-                           tokens: tuple[int, int] | None = None) -> list:
+                           tokens: tuple[int, int] | None = None, seconds: dict[str, float] | None = None) -> list:
     """The target's decode steps in the served layout (its engine core in a process of its own, no
     speculation), alone and in a batch: from the cache, else timed."""
     return _timed_steps(target_ref, None, _baseline_plan(study), study, engine_config, engine_fields, prompts, progress,
-                        "the target's served decode steps", trust_remote_code=trust_remote_code, tokens=tokens)
+                        "the target's served decode steps", trust_remote_code=trust_remote_code, tokens=tokens,
+                        seconds=seconds)
 
 
 def _is_measured_profile(data) -> bool:
@@ -502,7 +517,7 @@ class RankRun:
             timing_prompts = prompt_ids[:DEFAULT_PROMPTS]
             tokens = _spec_tokens(study, timing_prompts, self.profile_plan.get("spec_tokens"))
             baseline = ServedBaseline(target_ref, study, engine_config, timing_prompts, self.progress,
-                                      trust_remote_code=self.trust_remote_code, tokens=tokens)
+                                      trust_remote_code=self.trust_remote_code, tokens=tokens, seconds=self.timings)
             try:
                 for p in plans:
                     if p.skip_reason:
@@ -510,7 +525,8 @@ class RankRun:
                     try:
                         spec_steps[p.candidate.name] = spec_step_timings(
                             p, target_ref, study, engine_config, engine_fields, timing_prompts,
-                            self.progress, trust_remote_code=self.trust_remote_code, baseline=baseline, tokens=tokens)
+                            self.progress, trust_remote_code=self.trust_remote_code, baseline=baseline, tokens=tokens,
+                            seconds=self.timings)
                     except Exception as exc:  # noqa: BLE001 - the prediction then rests on the profiles alone, and says so
                         note = (f"{p.candidate.name}: its speculative steps could not be timed ({error_line(exc)}); its "
                                 "speed is predicted from the step profiles alone, which read high at concurrency 1")
@@ -531,7 +547,7 @@ class RankRun:
                 try:
                     self.served_base = served_baseline_timing(target_ref, study, engine_config, engine_fields, timing_prompts,
                                                               self.progress, trust_remote_code=self.trust_remote_code,
-                                                              tokens=tokens)
+                                                              tokens=tokens, seconds=self.timings)
                     self.served_repeats = [self.served_base]
                 except Exception as exc:  # noqa: BLE001 - the prediction then rests on the profiles alone, and says so
                     note = (f"the target's served decode steps could not be timed ({type(exc).__name__}); speeds rest on "

@@ -9,6 +9,7 @@ import pytest
 import draftfit.pipeline as pipeline
 import draftfit.spec_timing as spec_timing
 from draftfit.candidates import StudySettings
+from draftfit.engines.base import CallTiming
 from draftfit.spec_timing import SpecStepTiming, median_timings
 
 
@@ -37,6 +38,8 @@ class FakeEngine:
         self.closed = False
         self.spec_counters = None
         self.engine_iterations = lambda: 0
+        # what a real engine records: its start-up, then each call and its shutdown
+        self.timings = [CallTiming("startup", 20.0)]
         log.append(f"start {name}")
 
     def __enter__(self):
@@ -47,6 +50,7 @@ class FakeEngine:
 
     def close(self):
         self.closed = True
+        self.timings.append(CallTiming("shutdown", 1.0))
         self.log.append(f"stop {self.name}")
 
 
@@ -74,9 +78,28 @@ def timed(monkeypatch, tmp_path):
     return log, engines
 
 
-def _time(candidate: str, baseline, smollm2_ref, study):
+def _time(candidate: str, baseline, smollm2_ref, study, seconds=None):
     return pipeline._timed_steps(smollm2_ref, {"model": candidate}, ((1, 2),), study, None, {"engine": "fake"}, [[1, 2, 3]],
-                                 lambda message: None, candidate, baseline=baseline)
+                                 lambda message: None, candidate, baseline=baseline, seconds=seconds)
+
+
+def test_the_timing_engines_start_up_counts_in_the_runs_engine_time(timed, smollm2_ref):
+    """The served baseline's and each candidate's timing engine start like any other: their
+    start-up and shutdown go into provenance.timings, beside the trajectory and scoring engines'
+    (an earlier rank said "engine start-up 4 s" over a run that started five engines)."""
+    study = StudySettings(concurrency=[1, 4], max_model_len=1024)
+    seconds: dict[str, float] = {}
+    baseline = pipeline.ServedBaseline(smollm2_ref, study, None, [[1, 2, 3]], lambda message: None, seconds=seconds)
+    try:
+        for name in ("c1", "c2"):
+            _time(name, baseline, smollm2_ref, study, seconds)
+    finally:
+        baseline.close()
+    assert seconds == {"engine_startup": 60.0, "engine_shutdown": 3.0}
+    # read back from the cache: no engine started, none counted
+    again: dict[str, float] = {}
+    _time("c1", None, smollm2_ref, study, again)
+    assert again == {}
 
 
 def test_each_candidate_is_timed_between_two_baseline_timings(timed, smollm2_ref):
