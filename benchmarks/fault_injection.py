@@ -2,17 +2,17 @@
 
     python benchmarks/fault_injection.py [--cache DIR] [--seed-cache DIR] [--keep]
 
-Runs one uninterrupted `rank` (the embedded SmolLM2, 4 prompts × 16 tokens, prompt lookup and an
-early-exit draft, quick profile), then, for each case of tests/faultcases.py, a run with
-DRAFTFIT_FAULT=<stage>:<mode> and the same run started again without it, and prints per case:
-the fault injected, whether the restart completed, which stages it reused, the engines each run
-started, temporary files or engine processes left behind by the fault, and whether what it
-decided (configs, ranking, recommendation, deploy command — not timings, ids or timestamps) is
-identical to the uninterrupted run's. Then `verify` (ngram k=2 and k=1 at concurrency 1, 4 requests,
-two groups): an uninterrupted run, and one interrupted (raise, kill) after the first group was
-measured and run again: it must keep that group, measure only the rest, and count what the uninterrupted run
-counted (vLLM's counters; latencies are new measurements). Starts real vLLM engines, one at a
-time (several minutes).
+Runs one uninterrupted `rank` (the embedded SmolLM2, the test session's ranked-study settings: 6
+prompts × 24 tokens, float32, concurrency 1,4,16, quick profile; prompt lookup and an early-exit
+draft), then, for each case of tests/faultcases.py, a run with DRAFTFIT_FAULT=<stage>:<mode> and the
+same run started again without it, and prints per case: the fault injected, whether the restart
+completed, which stages it reused, the engines each run started, temporary files or engine processes
+left behind by the fault, and whether what it decided (configs, ranking, recommendation, deploy
+command — not timings, ids or timestamps) is identical to the uninterrupted run's. Then `verify`
+(ngram k=2 and k=1 at concurrency 1, 4 requests, two groups): an uninterrupted run, and one
+interrupted (raise, kill) after the first group was measured and run again: it must keep that group,
+measure only the rest, and count what the uninterrupted run counted (vLLM's counters; latencies are
+new measurements). Starts real vLLM engines, one at a time (several minutes).
 """
 
 from __future__ import annotations

@@ -274,12 +274,15 @@ def _timed_steps(target_ref: ModelRef, speculative: dict | None, plan: Sequence[
     from draftfit.spec_timing import SpecStepTiming, timing_context
 
     tokens = tokens or _spec_tokens(study, prompts)
+    # the draft and a served checkpoint by their files, not by where a cache holds them: a cache
+    # moved or copied keeps its timings
+    spec_key = speculative and {**speculative, **({"model": _files_key(speculative["model"])} if "model" in speculative else {})}
     # all batches in one entry: timed on one engine in one sitting, as the correction compares them
-    raw = json.dumps({"target": fingerprint(target_ref), "spec": speculative, **engine_fields, "prompts": prompts,
+    raw = json.dumps({"target": fingerprint(target_ref), "spec": spec_key, **engine_fields, "prompts": prompts,
                       "tokens": tokens, "batches": [list(x) for x in plan], "machine": platform.node(),
                       # timed per engine step since the occupancy was counted: earlier entries per mean sequence's step
-                      "steps": "engine",
-                      "cpus": os.cpu_count(), **({"served": served} if served else {})},
+                      "steps": "engine", "models": "by files",
+                      "cpus": os.cpu_count(), **({"served": _files_key(served)} if served else {})},
                      sort_keys=True, default=str)
     path = cache_subdir("spec_steps") / f"{hashlib.sha256(raw.encode()).hexdigest()[:20]}.json"
     data = read_checked_json(path, what="speculative-step cache entry")
@@ -311,6 +314,12 @@ def _timed_steps(target_ref: ModelRef, speculative: dict | None, plan: Sequence[
                                             "(verify's estimate: weights, the KV fraction, runtime)")
     fault_point("spec_steps")
     return timings
+
+
+def _files_key(model: str | Path) -> str:
+    """A local model directory by its files' fingerprint (draftfit.refs.fingerprint); anything else as named."""
+    path = Path(model)
+    return f"files:{fingerprint(resolve(str(path)))}" if path.is_dir() else str(model)
 
 
 def spec_step_timings(plan: PlannedDraft, target_ref: ModelRef, study: StudySettings, engine_config, engine_fields: dict,

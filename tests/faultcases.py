@@ -2,15 +2,17 @@
 benchmarks/fault_injection.py.
 
 A case injects ``DRAFTFIT_FAULT=<stage>:<mode>`` into a small real `rank` (the embedded SmolLM2
-target, 4 prompts × 16 tokens, candidates: prompt lookup and the target's first 4 layers, quick
-profile plan), checks that it failed and left nothing half-written, runs it again without the fault
+target, the settings of the test session's ranked study: 6 prompts × 24 tokens, concurrency 1,4,16,
+quick profile plan; candidates: prompt lookup and the target's first 4 layers), checks that it failed and left nothing half-written, runs it again without the fault
 and compares what the restart decided with an uninterrupted run on the same cache.
 
 All runs share one cache. Before a case, the cache entries of the stages the case must redo are
 removed (trajectories, draft scores), so the faulted run really computes them and the restart
-really reuses them. Measured step profiles are never removed: a profile measured again is a new
-measurement (other timings, other predicted speedups), so an interrupted run can only give the
-clean run's results if the profile it reuses is the clean run's — which is what the cases show.
+really reuses them. Measured step profiles and served timings are never removed: measured again
+they are new measurements (other timings, other predicted speedups), so an interrupted run can only
+give the clean run's results if the timings it reuses are the clean run's — which is what the cases
+show. (The tests seed the cache with the ranked study's timings, so the clean run computes the
+trajectories and draft scores and measures no step again.)
 ``raise`` cases run in this process (engines counted); ``kill`` cases run
 ``python -m draftfit rank`` in a subprocess that SIGKILLs itself and its engine processes.
 """
@@ -29,9 +31,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from engine_fixtures import RANKED_STUDY_OPTIONS
+
 REPO = Path(__file__).resolve().parents[1]
-SMALL = ["--sample-size", "4", "--max-tokens", "16", "--max-model-len", "512", "--concurrency", "1,4",
-         "--profile-plan", "quick"]
+# the test session's ranked study's settings (tests/engine_fixtures.py): tests/test_faults.py seeds its
+# cache with that study's measured profile and served timings, so its runs measure none again
+SMALL = list(RANKED_STUDY_OPTIONS)
 CANDIDATES = {
     "ngram-2-4.yaml": "name: ngram-2-4\ntarget: smollm2\ndraft: {method: ngram, prompt_lookup_min: 2, prompt_lookup_max: 4}\nk: [1, 2, 3]\n",
     "early-exit-4.yaml": "name: early-exit-4\ntarget: smollm2\ndraft: {method: draft_model, derived: {first_layers: 4}}\nk: [1, 2, 3]\n",
@@ -110,18 +115,25 @@ def write_candidates(folder: Path) -> list[str]:
     return sorted(str(folder / name) for name in CANDIDATES)
 
 
-def fresh_cache(root: Path, seed: Path | None = None) -> Path:
-    """An empty draftfit cache; the converted GGUF of ``seed`` (another cache) is linked in, not redone."""
+def fresh_cache(root: Path, seed: Path | None = None, timings: bool = False) -> Path:
+    """An empty draftfit cache; the converted GGUF of ``seed`` (another cache) is linked in, not
+    redone. ``timings``: its measured step profiles and served-step timings too, with the derived
+    drafts they timed (keyed by their files, so they are found in the new cache): a run of the same
+    study then measures nothing again."""
     root.mkdir(parents=True, exist_ok=True)
-    if seed is not None and (seed / "gguf").is_dir() and not (root / "gguf").exists():
-        def link(src, dst):
-            try:
-                os.link(src, dst)
-            except OSError:
-                shutil.copy2(src, dst)
+    if seed is None:
+        return root
 
-        shutil.copytree(seed / "gguf", root / "gguf", copy_function=link,
-                        ignore=shutil.ignore_patterns(".*"))  # no temporary leftovers
+    def link(src, dst):
+        try:
+            os.link(src, dst)
+        except OSError:
+            shutil.copy2(src, dst)  # keeps the mtimes the fingerprints read
+
+    for kind in ("gguf", *(("derived", "profiles", "spec_steps") if timings else ())):
+        if (seed / kind).is_dir() and not (root / kind).exists():
+            shutil.copytree(seed / kind, root / kind, copy_function=link,
+                            ignore=shutil.ignore_patterns(".*"))  # no temporary leftovers
     return root
 
 

@@ -22,12 +22,13 @@ pytestmark = [pytest.mark.slow, pytest.mark.engine]
 
 
 @pytest.fixture(scope="module")
-def study(tmp_path_factory, engine_slot):
-    """One uninterrupted run on a cache of its own: the reference every case is compared with."""
+def study(tmp_path_factory, engine_slot, ranked_study):
+    """One uninterrupted run on a cache of its own: the reference every case is compared with. Its
+    cache holds the session's ranked study's measured step profile and served timings (the same
+    study settings, the same two drafts among its three): the run measures none again."""
     engine_slot.release()  # one engine at a time: the session's shared engine goes first
     root = tmp_path_factory.mktemp("faults")
-    seed = Path(os.environ["DRAFTFIT_CACHE"]) if os.environ.get("DRAFTFIT_CACHE") else None
-    cache = faultcases.fresh_cache(root / "cache", seed)
+    cache = faultcases.fresh_cache(root / "cache", Path(os.environ["DRAFTFIT_CACHE"]), timings=True)
     candidates = faultcases.write_candidates(root / "candidates")
     reports = root / "reports"
     clean = faultcases.clean_run(candidates, reports, cache)
@@ -35,11 +36,17 @@ def study(tmp_path_factory, engine_slot):
     return {"cache": cache, "candidates": candidates, "reports": reports, "clean": clean, "root": root}
 
 
-def test_the_clean_run_ranks_both_candidates(study):
+def test_the_clean_run_ranks_both_candidates(study, ranked_study):
     data = study["clean"].data
     assert {c["candidate"] for c in data["configs"]} == {"ngram-2-4", "early-exit-4"}
     assert data["failed"] == [] and data["targets"][0]["trajectories"]["from_cache"] is False
     assert (study["clean"].out_dir / "report.html").is_file()
+    # the ranked study's timings were found in this cache, the derived draft's under its path here:
+    # only the target's answers and the draft's scores were computed (two engines, no served one)
+    assert data["targets"][0]["profile"]["from_cache"] is True and len(study["clean"].engines) == 2
+    timed = ranked_study["data"]["provenance"]["served_timing"]["speculative"]
+    assert data["provenance"]["served_timing"]["speculative"] == {name: timed[name] for name in ("ngram-2-4", "early-exit-4")}
+    assert "engine_startup" in data["provenance"]["timings"]
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
@@ -71,9 +78,9 @@ def test_a_run_interrupted_at_a_stage_resumes_with_the_same_results(study, case)
 
 
 def test_a_draft_whose_engine_fails_is_recorded_and_the_others_are_ranked(study, tmp_path):
-    """A draft vLLM refuses to start (its config allows 64 positions, the study needs 512)."""
+    """A draft vLLM refuses to start (its config allows 64 positions, the study needs 1024)."""
     cache = study["cache"]
-    derived = next((cache / "derived").iterdir())
+    derived = next((cache / "derived").glob("*-first4"))
     broken = tmp_path / "short-context-draft"
     broken.mkdir()
     for path in derived.iterdir():
@@ -91,9 +98,9 @@ def test_a_draft_whose_engine_fails_is_recorded_and_the_others_are_ranked(study,
     assert data["ranking"] and data["recommendation"]
     [failed] = data["failed"]
     assert failed["candidate"] == "short-context" and failed["stage"] == "engine start"
-    assert "max_model_len (512)" in failed["error"] and "max_position_embeddings=64" in failed["error"]
+    assert "max_model_len (1024)" in failed["error"] and "max_position_embeddings=64" in failed["error"]
     assert set(failed["knobs"]) == {"gpu_memory_utilization", "max_model_len", "concurrency", "draft_dtype"}
-    assert failed["knobs"]["max_model_len"]["value"] == 512 and failed["knobs"]["concurrency"]["value"] == 4
+    assert failed["knobs"]["max_model_len"]["value"] == 1024 and failed["knobs"]["concurrency"]["value"] == 16
     assert not any(s["candidate"] == "short-context" for s in data["skipped"])
     html = (run.out_dir / "report.html").read_text()
     assert "short-context" in html and "max_position_embeddings=64" in html and "gpu_memory_utilization" in html

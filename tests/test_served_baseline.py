@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import shutil
 
 import pytest
 
@@ -221,3 +222,23 @@ def test_the_quick_plan_times_shorter_runs_in_entries_of_their_own(timed, smollm
     before = len(log)
     _time("c1", None, smollm2_ref, study)  # the standard plan's: not the quick entry
     assert "time c1 b1 counting engine steps" in log[before:]
+
+
+def test_a_draft_directory_is_keyed_by_its_files_not_by_where_the_cache_holds_it(timed, smollm2_ref, tmp_path):
+    """A derived draft's timing is found again when its directory was linked into another cache (the
+    same files, sizes and times), and timed anew when a file of it changed."""
+    log, _ = timed
+    study = StudySettings(concurrency=[1], max_model_len=1024)
+    first = tmp_path / "cache-a" / "first4"
+    first.mkdir(parents=True)
+    (first / "config.json").write_text("{}")
+    (first / "model.safetensors").write_bytes(b"weights")
+    moved = tmp_path / "cache-b" / "first4"
+    shutil.copytree(first, moved)  # copy2: the times the fingerprint reads come along
+    [timing] = _time(str(first), None, smollm2_ref, study)
+    before = len(log)
+    [again] = _time(str(moved), None, smollm2_ref, study)
+    assert log[before:] == [] and again.seconds_per_step == timing.seconds_per_step
+    (moved / "model.safetensors").write_bytes(b"other weights")
+    _time(str(moved), None, smollm2_ref, study)
+    assert any(line.startswith("time ") for line in log[before:])

@@ -846,8 +846,9 @@ def _wait_for_server(proc, timeout_s: float = 600.0) -> str:
 @pytest.mark.parametrize("how", ["SIGKILL", "SIGINT"])
 def test_a_server_verify_started_never_outlives_it(verified, tmp_path, how):
     """kill -9 of draftfit (nothing in it runs to clean up: the watchdog ends the server) and
-    Ctrl-C (draftfit stops the server in order) while its servers answer: none is left, and no
-    shared memory of theirs stays in /dev/shm."""
+    Ctrl-C (draftfit stops the server in order) while its server answers: none is left, and no
+    shared memory of theirs stays in /dev/shm. One server at a time, so the first is up sooner
+    (two starting side by side share the two cores); tests/test_faults.py kills verify with two up."""
     import os
     import signal
     import subprocess
@@ -859,7 +860,8 @@ def test_a_server_verify_started_never_outlives_it(verified, tmp_path, how):
     shutil.copy(path.parent.parent / "ranked.json", results)
     started, segments = time.time(), shm_segments()
     proc = subprocess.Popen([sys.executable, "-m", "draftfit", "verify", str(results), "--config", "ngram-2-4:3",
-                             "--rounds", "1", "--concurrency", "1", "--gpu-memory-utilization", "0.1"],
+                             "--rounds", "1", "--concurrency", "1", "--gpu-memory-utilization", "0.1",
+                             "--servers-at-once", "1"],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     try:
         _wait_for_server(proc)
