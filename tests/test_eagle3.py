@@ -214,16 +214,18 @@ def train_in_session(method: str, smollm2_ref, smollm2_meta, smollm2_model, engi
     from draftfit.train_head import HeadRecipe, train_eagle_head, training_prompts
     from draftfit.trajectories import target_trajectories
 
-    target = engine_slot.acquire(("smollm2", "float32"),
-                                 lambda: VLLMEngine(smollm2_model, dtype="float32", max_model_len=1024, progress=False))
+    def target(ref):  # started only where the answers are not cached: the second head reuses the first's
+        return nullcontext(engine_slot.acquire(("smollm2", "float32"), lambda: VLLMEngine(
+            smollm2_model, dtype="float32", max_model_len=1024, progress=False)))
+
     study = StudySettings(sample_size=HELD_OUT, max_tokens=MAX_TOKENS, max_model_len=1024)
     held = [item for item in study_prompts(study, smollm2_meta).items]
     prompts = training_prompts(study, smollm2_meta, [item.id for item in held])[1][:TRAINING_PROMPTS]
     config = EngineConfig(dtype="float32", max_model_len=1024)
     head = train_eagle_head(smollm2_ref, prompts, HeadRecipe(**CI_RECIPE), method=method, engine_config=config,
-                            engine_factory=lambda ref: nullcontext(target))
+                            engine_factory=target)
     trajset = target_trajectories(smollm2_ref, [item.input_ids for item in held], SamplingSpec(0.0, 1.0, MAX_TOKENS + K, 0),
-                                  engine_config=config, top_k=1, engine_factory=lambda ref: nullcontext(target))
+                                  engine_config=config, top_k=1, engine_factory=target)
     assert not set(map(tuple, prompts)) & {tuple(item.input_ids) for item in held}  # held back from training
     return head, trajset
 
