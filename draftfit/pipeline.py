@@ -276,7 +276,7 @@ def _timed_steps(target_ref: ModelRef, speculative: dict | None, plan: Sequence[
     tokens = tokens or _spec_tokens(study, prompts)
     # the draft and a served checkpoint by their files, not by where a cache holds them: a cache
     # moved or copied keeps its timings
-    spec_key = speculative and {**speculative, **({"model": _files_key(speculative["model"])} if "model" in speculative else {})}
+    spec_key = speculative and {key: _files_key(value) if key == "model" else value for key, value in speculative.items()}
     # all batches in one entry: timed on one engine in one sitting, as the correction compares them
     raw = json.dumps({"target": fingerprint(target_ref), "spec": spec_key, **engine_fields, "prompts": prompts,
                       "tokens": tokens, "batches": [list(x) for x in plan], "machine": platform.node(),

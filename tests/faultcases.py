@@ -3,8 +3,9 @@ benchmarks/fault_injection.py.
 
 A case injects ``DRAFTFIT_FAULT=<stage>:<mode>`` into a small real `rank` (the embedded SmolLM2
 target, the settings of the test session's ranked study: 6 prompts × 24 tokens, concurrency 1,4,16,
-quick profile plan; candidates: prompt lookup and the target's first 4 layers), checks that it failed and left nothing half-written, runs it again without the fault
-and compares what the restart decided with an uninterrupted run on the same cache.
+quick profile plan; candidates: prompt lookup and the target's first 4 layers), checks that it
+failed and left nothing half-written, runs it again without the fault and compares what the restart
+decided with an uninterrupted run on the same cache.
 
 All runs share one cache. Before a case, the cache entries of the stages the case must redo are
 removed (trajectories, draft scores), so the faulted run really computes them and the restart
