@@ -281,7 +281,7 @@ def _timed_steps(target_ref: ModelRef, speculative: dict | None, plan: Sequence[
     raw = json.dumps({"target": fingerprint(target_ref), "spec": spec_key, **engine_fields, "prompts": prompts,
                       "tokens": tokens, "batches": [list(x) for x in plan], "machine": platform.node(),
                       # timed per engine step since the occupancy was counted: earlier entries per mean sequence's step
-                      "steps": "engine", "models": "by files",
+                      "steps": "engine",
                       "cpus": os.cpu_count(), **({"served": _files_key(served)} if served else {})},
                      sort_keys=True, default=str)
     path = cache_subdir("spec_steps") / f"{hashlib.sha256(raw.encode()).hexdigest()[:20]}.json"
