@@ -47,7 +47,9 @@ DeepSeek-V3's and GLM-4.5's MTP layers (``deepseek_mtp.py``, ``glm4_moe_mtp.py``
 :class:`DeepSeekMTPHead`, :class:`Glm4MoeMTPHead`) are read from their target (``model.layers.{L}.*``):
 they read the target's *normed* last hidden state, project ``[embedding, state]`` (the other order
 from MiMo's) into a decoder layer of their family (latent or grouped-query attention, experts), and
-feed back their normed output (DeepSeek) or the sum before that norm (GLM).
+feed back their normed output (DeepSeek) or the sum before that norm (GLM). Qwen3-Next's
+(``qwen3_next_mtp.py``, :class:`Qwen3NextMTPHead`) is read as ``mtp.*``: the same reading through
+its own ``fc``, one of the target's full-attention layers (a gated query), its normed output fed back.
 """
 
 from __future__ import annotations
@@ -56,7 +58,7 @@ import json
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -179,13 +181,15 @@ MTP_ARCHITECTURE = "MiMoForCausalLM"  # the layout a layer trained here is writt
 DEEPSEEK_MTP_ARCHITECTURE = "DeepseekV3ForCausalLM"
 DEEPSEEK_MTP_MODEL_TYPE = "deepseek_v3"  # what vLLM maps to its deepseek_mtp proposer (V3.2's sparse one aside)
 GLM_MTP_ARCHITECTURE = "Glm4MoeForCausalLM"  # GLM-4.5 / 4.6: vLLM's glm4_moe_mtp
-OFFLINE_MTP_LAYOUTS = "MiMo's (vLLM's mimo_mtp), DeepSeek-V3's (deepseek_mtp) and GLM-4.5's (glm4_moe_mtp)"
+QWEN3_NEXT_MTP_ARCHITECTURE = "Qwen3NextForCausalLM"  # vLLM's qwen3_next_mtp
+OFFLINE_MTP_LAYOUTS = ("MiMo's (vLLM's mimo_mtp), DeepSeek-V3's (deepseek_mtp), GLM-4.5's (glm4_moe_mtp) and "
+                       "Qwen3-Next's (qwen3_next_mtp)")
 
 
 def mtp_layout(raw: dict[str, Any]) -> str | None:
     """The architecture naming the MTP layout this version runs offline for a target's config, or None."""
     arch = (raw.get("architectures") or [None])[0]
-    if arch in (MTP_ARCHITECTURE, GLM_MTP_ARCHITECTURE):
+    if arch in (MTP_ARCHITECTURE, GLM_MTP_ARCHITECTURE, QWEN3_NEXT_MTP_ARCHITECTURE):
         return arch
     if arch == DEEPSEEK_MTP_ARCHITECTURE and raw.get("model_type") == DEEPSEEK_MTP_MODEL_TYPE:
         return arch
@@ -194,8 +198,8 @@ def mtp_layout(raw: dict[str, Any]) -> str | None:
 
 def _mtp_config(raw: dict[str, Any], directory: Path) -> HeadConfig:
     """The MTP layer of a target in MiMo's layout (Qwen2's decoder layer, q/k/v biases), DeepSeek-V3's
-    (an MLA decoder layer, dense or MoE) or GLM-4.5's (GLM's decoder layer), with the target's own
-    sizes, ``num_nextn_predict_layers`` of them."""
+    (an MLA decoder layer, dense or MoE), GLM-4.5's (GLM's decoder layer) or Qwen3-Next's (its
+    full-attention layer), with the target's own sizes, ``num_nextn_predict_layers`` of them."""
     arch = mtp_layout(raw)
     if arch is None:
         raise DraftfitError(f"the target's MTP layers ({(raw.get('architectures') or [None])[0]}, model_type "
@@ -204,8 +208,12 @@ def _mtp_config(raw: dict[str, Any], directory: Path) -> HeadConfig:
                             where=str(directory), fix="Measure this target's MTP with `draftfit verify`")
     if arch == DEEPSEEK_MTP_ARCHITECTURE:
         fields = _deepseek_fields(raw, directory)
-    elif arch == GLM_MTP_ARCHITECTURE:
+    elif arch in (GLM_MTP_ARCHITECTURE, QWEN3_NEXT_MTP_ARCHITECTURE):
         fields = _layer_fields(raw, directory)
+        if arch == QWEN3_NEXT_MTP_ARCHITECTURE and (raw.get("layer_scale") or raw.get("attn_output_gate") is False):
+            raise DraftfitError("a Qwen3-Next layer with layer_scale or without its attention output gate is not "
+                                "modelled offline by this draftfit version", where=str(directory),
+                                fix="Measure this target's MTP with `draftfit verify`")
     else:
         fields = _layer_fields(raw, directory) | {"attention_bias": True}
     fields["num_layers"] = int(raw.get("num_nextn_predict_layers") or 0)
@@ -784,6 +792,25 @@ class EhProjMTPHead(MTPHead):
     def _attention_params(cls, raw: dict[str, Any]) -> tuple[str, ...]:
         raise NotImplementedError
 
+    def _partial_rotary(self, model: dict[str, Any], default: float) -> None:
+        """Neox RoPE on the first ``partial_rotary_factor`` of each head (GLM's, Qwen3-Next's)."""
+        torch = _torch()
+        rope = model.get("rope_parameters") or model.get("rope_scaling") or {}
+        factor = float(rope.get("partial_rotary_factor") or model.get("partial_rotary_factor") or default)
+        self.rotary_dim = int(self.config.head_dim * factor)
+        steps = torch.arange(0, self.rotary_dim, 2, dtype=torch.float64) / self.rotary_dim
+        self.inv_freq = (1.0 / (self.config.rope_theta ** steps)).float()
+
+    def _rope(self, x, positions):
+        """Neox RoPE on the first ``rotary_dim`` of each head, the rest passing (all of it unless
+        :meth:`_partial_rotary` set a part)."""
+        rot = getattr(self, "rotary_dim", x.shape[-1])
+        return _torch().cat([super()._rope(x[..., :rot], positions), x[..., rot:]], dim=-1)
+
+    def _shared_experts(self, flat):
+        """The shared experts' sum, added to the routed experts' (DeepSeek's and GLM's: ungated)."""
+        return _mlp(self.t, "shared_experts.", flat) if "shared_experts.gate_proj" in self.t else 0
+
     @classmethod
     def load(cls, directory: Path, target_dir: Path | None = None) -> EhProjMTPHead:
         """The first MTP layer of the checkpoint ``directory``, with its embeddings and LM head."""
@@ -839,9 +866,7 @@ class EhProjMTPHead(MTPHead):
         for e in ids.unique().tolist():
             rows, slot = (ids == e).nonzero(as_tuple=True)
             out = out.index_add(0, rows, _mlp(t, f"experts.{e}.", flat[rows]) * weights[rows, slot, None].to(flat.dtype))
-        if "shared_experts.gate_proj" in t:
-            out = out + _mlp(t, "shared_experts.", flat)
-        return out.view(x.shape)
+        return (out + self._shared_experts(flat)).view(x.shape)
 
 
 class DeepSeekMTPHead(EhProjMTPHead):
@@ -933,12 +958,7 @@ class Glm4MoeMTPHead(EhProjMTPHead):
 
     def __init__(self, config: HeadConfig, tensors: dict[str, Any], embed, d2t=None, *, model: dict[str, Any]):
         super().__init__(config, tensors, embed, d2t, model=model)
-        torch = _torch()
-        rope = model.get("rope_parameters") or model.get("rope_scaling") or {}
-        factor = float(rope.get("partial_rotary_factor") or model.get("partial_rotary_factor") or 0.5)
-        self.rotary_dim = int(config.head_dim * factor)
-        steps = torch.arange(0, self.rotary_dim, 2, dtype=torch.float64) / self.rotary_dim
-        self.inv_freq = (1.0 / (config.rope_theta ** steps)).float()
+        self._partial_rotary(model, default=0.5)
 
     @staticmethod
     def _scoring(model: dict[str, Any]) -> str:
@@ -948,11 +968,6 @@ class Glm4MoeMTPHead(EhProjMTPHead):
     def _attention_params(cls, raw: dict[str, Any]) -> tuple[str, ...]:
         biases = ("q_proj.bias", "k_proj.bias", "v_proj.bias") if raw.get("attention_bias") else ()
         return biases + (("q_norm", "k_norm") if raw.get("use_qk_norm") else ())
-
-    def _rope(self, x, positions):
-        """Neox RoPE on the first ``rotary_dim`` of each head; the rest passes."""
-        rot = self.rotary_dim
-        return _torch().cat([super()._rope(x[..., :rot], positions), x[..., rot:]], dim=-1)
 
     def _qkv(self, tokens, hidden, positions):
         c, t = self.config, self.t
@@ -971,6 +986,96 @@ class Glm4MoeMTPHead(EhProjMTPHead):
         """``shared_head.norm`` of the residual sum for the LM head; the sum itself fed onwards."""
         prenorm = self._block(attn, residual)
         return _rms(prenorm, self.t["final_layernorm"], self.config.rms_norm_eps), prenorm
+
+
+class Qwen3NextMTPHead(EhProjMTPHead):
+    """A Qwen3-Next target's MTP layer (vLLM's ``qwen3_next_mtp.py``), chained as an EAGLE head is.
+
+    Read from the target as ``mtp.*``: ``fc([pre_fc_norm_embedding(embed(token)),
+    pre_fc_norm_hidden(state)])`` — the embedding not zeroed at position 0 — through one of the
+    target's full-attention decoder layers: the query projection carries a per-head output gate
+    (``sigmoid(gate) · attention`` before ``o_proj``), per-head q/k norms, neox RoPE on the first
+    ``partial_rotary_factor`` of each head; its MLP a softmax top-k mixture of experts plus one
+    shared expert scaled by ``sigmoid(shared_expert_gate)`` (or dense, as the target's
+    ``mlp_only_layers`` / ``decoder_sparse_step`` say for layer 0). ``mtp.norm`` of the residual sum is
+    both what the LM head reads and the next step's state. Every norm is zero-centred (Gemma's
+    ``x · (1 + w)``): the weights are read as ``1 + w``.
+    """
+
+    PARAMS = ("pre_fc_norm_embedding", "pre_fc_norm_hidden", "fc", "input_layernorm", "o_proj",
+              "post_attention_layernorm", "final_layernorm", "q_proj", "k_proj", "v_proj", "q_norm", "k_norm")
+    NORMS = ("pre_fc_norm_embedding", "pre_fc_norm_hidden", "input_layernorm", "post_attention_layernorm",
+             "final_layernorm", "q_norm", "k_norm")
+    FAMILY = "Qwen3-Next"
+
+    def __init__(self, config: HeadConfig, tensors: dict[str, Any], embed, d2t=None, *, model: dict[str, Any]):
+        super().__init__(config, tensors, embed, d2t, model=model)
+        m = model
+        # vLLM numbers the MTP layer 0 ("mtp.layers.0"), and picks its MLP by that index
+        self.moe = (int(m.get("num_experts") or 0) > 0 and 0 not in (m.get("mlp_only_layers") or [])
+                    and 1 % int(m.get("decoder_sparse_step") or 1) == 0)
+        self.routing |= {"groups": 1, "topk_group": 1, "scoring": "softmax", "scale": 1.0}
+        self._partial_rotary(model, default=0.25)
+
+    @classmethod
+    def _attention_params(cls, raw: dict[str, Any]) -> tuple[str, ...]:
+        return ()
+
+    @classmethod
+    def load(cls, directory: Path, target_dir: Path | None = None) -> Qwen3NextMTPHead:
+        """The first MTP layer of the checkpoint ``directory`` (``mtp.layers.0.*`` and ``mtp.fc``, its
+        norms), with the checkpoint's embeddings and LM head."""
+        directory = Path(directory)
+        config, raw = read_config(directory, cls.METHOD)
+        top = {"final_layernorm" if key == "norm" else key: value
+               for key, value in _layer_tensors(directory, "mtp.").items() if not key.startswith("layers.")}
+        named = top | _layer_tensors(directory, "mtp.layers.0.")
+        for norm in cls.NORMS:
+            if norm in named:
+                named[norm] = named[norm] + 1.0
+        head = cls(config, named, target_embeddings(directory), model=raw)
+        mlp = ("gate", "experts.0.gate_proj") if head.moe else ("gate_proj", "up_proj", "down_proj")
+        missing = [p for p in (*cls.PARAMS, *mlp) if p not in named]
+        if missing:
+            raise DraftfitError(f"the checkpoint's MTP layer lacks {', '.join(missing)}", where=str(directory),
+                                fix=f"Use a {cls.FAMILY} checkpoint with its mtp.* tensors")
+        head.t["lm_head"] = head.embed if raw.get("tie_word_embeddings") else target_lm_head(directory)
+        return head
+
+    def _layer_input(self, tokens, hidden, positions):
+        """``fc([pre_fc_norm_embedding(embed), pre_fc_norm_hidden(state)])`` (the residual), and its
+        ``input_layernorm``."""
+        c, t = self.config, self.t
+        e = _rms(self.embed[tokens], t["pre_fc_norm_embedding"], c.rms_norm_eps)
+        x = _torch().cat([e, _rms(hidden, t["pre_fc_norm_hidden"], c.rms_norm_eps)], dim=-1) @ t["fc"].T
+        return _rms(x, t["input_layernorm"], c.rms_norm_eps), x
+
+    def _qkv(self, tokens, hidden, positions):
+        """q (its gate split off per head), k, v; the residual carries the gate to :meth:`_block`."""
+        c, t = self.config, self.t
+        x, residual = self._layer_input(tokens, hidden, positions)
+        shape = x.shape[:-1]
+        q, gate = (x @ t["q_proj"].T).view(*shape, c.num_heads, 2 * c.head_dim).chunk(2, dim=-1)
+        k = (x @ t["k_proj"].T).view(*shape, c.num_kv_heads, c.head_dim)
+        v = (x @ t["v_proj"].T).view(*shape, c.num_kv_heads, c.head_dim)
+        q, k = _rms(q, t["q_norm"], c.rms_norm_eps), _rms(k, t["k_norm"], c.rms_norm_eps)
+        return self._rope(q, positions), self._rope(k, positions), v, GatedResidual(residual, gate)
+
+    def _block(self, attn, residual):
+        return super()._block(attn * residual.gate.sigmoid(), residual.residual)
+
+    def _shared_experts(self, flat):
+        t = self.t
+        if "shared_expert.gate_proj" not in t:
+            return 0
+        return _mlp(t, "shared_expert.", flat) * (flat @ t["shared_expert_gate"].T).sigmoid()
+
+
+class GatedResidual(NamedTuple):
+    """A layer's residual with the attention's output gate (Qwen3-Next's), from q/k/v to the block."""
+
+    residual: Any
+    gate: Any
 
 
 def _layer_tensors(directory: Path, prefix: str) -> dict[str, Any]:
@@ -997,7 +1102,8 @@ def _mlp(t: dict[str, Any], prefix: str, x):
 
 
 HEADS = {cls.METHOD: cls for cls in (Eagle3Head, EagleHead, MTPHead)}
-MTP_LAYOUTS = {MTP_ARCHITECTURE: MTPHead, DEEPSEEK_MTP_ARCHITECTURE: DeepSeekMTPHead, GLM_MTP_ARCHITECTURE: Glm4MoeMTPHead}
+MTP_LAYOUTS = {MTP_ARCHITECTURE: MTPHead, DEEPSEEK_MTP_ARCHITECTURE: DeepSeekMTPHead, GLM_MTP_ARCHITECTURE: Glm4MoeMTPHead,
+               QWEN3_NEXT_MTP_ARCHITECTURE: Qwen3NextMTPHead}
 
 
 def load_head(directory: Path, target_dir: Path | None = None, method: str | None = None) -> Eagle3Head:

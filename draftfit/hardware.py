@@ -255,7 +255,9 @@ _UNGATED_FAMILIES = {
 # Families with q/k/v projection biases even though their configs carry no ``attention_bias`` key.
 _QKV_BIAS_FAMILIES = {"qwen2", "qwen2_moe", "qwen2_vl", "qwen2_5_vl"}
 # Families with per-head q/k RMSNorm weights.
-_QK_NORM_FAMILIES = {"qwen3", "qwen3_moe", "gemma3", "gemma3_text", "olmo2"}
+_QK_NORM_FAMILIES = {"qwen3", "qwen3_moe", "qwen3_next", "gemma3", "gemma3_text", "olmo2"}
+# Families whose full-attention query projection also computes a per-head output gate (its width again).
+_GATED_QUERY_FAMILIES = {"qwen3_next"}
 # Families whose configs tie input and output embeddings when they do not say otherwise.
 _TIED_BY_DEFAULT = {"gpt2", "gemma", "gemma2", "gemma3", "gemma3_text", "opt"}
 
@@ -473,6 +475,8 @@ def _estimate_params(
         attn += hidden  # o_proj bias
     if model_type in _QK_NORM_FAMILIES:
         attn += 2 * head_dim
+    if cfg.get("attn_output_gate", model_type in _GATED_QUERY_FAMILIES):
+        attn += hidden * q_dim
 
     gated = model_type not in _UNGATED_FAMILIES
     mats = 3 if gated else 2

