@@ -122,7 +122,7 @@ def read_config(directory: Path, method: str | None = None) -> tuple[HeadConfig,
     candidate's (``eagle`` or ``eagle3``); default what the config says, else EAGLE-3."""
     from draftfit.compat.heads import head_method
 
-    raw = json.loads((Path(directory) / "config.json").read_text(encoding="utf-8"))
+    raw = text_config(json.loads((Path(directory) / "config.json").read_text(encoding="utf-8")))
     method = method or head_method(raw) or "eagle3"
     if method == "eagle":
         return _eagle1_config(raw, directory), raw
@@ -182,14 +182,27 @@ DEEPSEEK_MTP_ARCHITECTURE = "DeepseekV3ForCausalLM"
 DEEPSEEK_MTP_MODEL_TYPE = "deepseek_v3"  # what vLLM maps to its deepseek_mtp proposer (V3.2's sparse one aside)
 GLM_MTP_ARCHITECTURE = "Glm4MoeForCausalLM"  # GLM-4.5 / 4.6: vLLM's glm4_moe_mtp
 QWEN3_NEXT_MTP_ARCHITECTURE = "Qwen3NextForCausalLM"  # vLLM's qwen3_next_mtp
-OFFLINE_MTP_LAYOUTS = ("MiMo's (vLLM's mimo_mtp), DeepSeek-V3's (deepseek_mtp), GLM-4.5's (glm4_moe_mtp) and "
-                       "Qwen3-Next's (qwen3_next_mtp)")
+# vLLM's qwen3_5_mtp: the multimodal checkpoints Qwen3.5 ships and text-only ones, dense and MoE
+QWEN3_5_MTP_ARCHITECTURES = ("Qwen3_5ForConditionalGeneration", "Qwen3_5MoeForConditionalGeneration",
+                             "Qwen3_5ForCausalLM", "Qwen3_5MoeForCausalLM")
+OFFLINE_MTP_LAYOUTS = ("MiMo's (vLLM's mimo_mtp), DeepSeek-V3's (deepseek_mtp), GLM-4.5's (glm4_moe_mtp), "
+                       "Qwen3-Next's (qwen3_next_mtp) and Qwen3.5's (qwen3_5_mtp)")
+
+
+def text_config(raw: dict[str, Any]) -> dict[str, Any]:
+    """A multimodal checkpoint's text-model config (Qwen3.5's ``text_config``) with the checkpoint's
+    architecture, as vLLM's MTP proposer reads it (``hf_text_config``); any other config as it is."""
+    text = raw.get("text_config")
+    if not isinstance(text, dict) or "num_hidden_layers" in raw:
+        return raw
+    return {**text, "architectures": raw.get("architectures"),
+            "tie_word_embeddings": text.get("tie_word_embeddings", raw.get("tie_word_embeddings", False))}
 
 
 def mtp_layout(raw: dict[str, Any]) -> str | None:
     """The architecture naming the MTP layout this version runs offline for a target's config, or None."""
     arch = (raw.get("architectures") or [None])[0]
-    if arch in (MTP_ARCHITECTURE, GLM_MTP_ARCHITECTURE, QWEN3_NEXT_MTP_ARCHITECTURE):
+    if arch in (MTP_ARCHITECTURE, GLM_MTP_ARCHITECTURE, QWEN3_NEXT_MTP_ARCHITECTURE, *QWEN3_5_MTP_ARCHITECTURES):
         return arch
     if arch == DEEPSEEK_MTP_ARCHITECTURE and raw.get("model_type") == DEEPSEEK_MTP_MODEL_TYPE:
         return arch
@@ -198,8 +211,11 @@ def mtp_layout(raw: dict[str, Any]) -> str | None:
 
 def _mtp_config(raw: dict[str, Any], directory: Path) -> HeadConfig:
     """The MTP layer of a target in MiMo's layout (Qwen2's decoder layer, q/k/v biases), DeepSeek-V3's
-    (an MLA decoder layer, dense or MoE), GLM-4.5's (GLM's decoder layer) or Qwen3-Next's (its
-    full-attention layer), with the target's own sizes, ``num_nextn_predict_layers`` of them."""
+    (an MLA decoder layer, dense or MoE), GLM-4.5's (GLM's decoder layer) or Qwen3-Next's and
+    Qwen3.5's (their full-attention layer), with the target's own sizes, ``num_nextn_predict_layers``
+    (Qwen3.5: ``mtp_num_hidden_layers``) of them."""
+    from draftfit.compat.heads import mtp_layer_count
+
     arch = mtp_layout(raw)
     if arch is None:
         raise DraftfitError(f"the target's MTP layers ({(raw.get('architectures') or [None])[0]}, model_type "
@@ -208,15 +224,15 @@ def _mtp_config(raw: dict[str, Any], directory: Path) -> HeadConfig:
                             where=str(directory), fix="Measure this target's MTP with `draftfit verify`")
     if arch == DEEPSEEK_MTP_ARCHITECTURE:
         fields = _deepseek_fields(raw, directory)
-    elif arch in (GLM_MTP_ARCHITECTURE, QWEN3_NEXT_MTP_ARCHITECTURE):
+    elif arch in (GLM_MTP_ARCHITECTURE, QWEN3_NEXT_MTP_ARCHITECTURE, *QWEN3_5_MTP_ARCHITECTURES):
         fields = _layer_fields(raw, directory)
-        if arch == QWEN3_NEXT_MTP_ARCHITECTURE and (raw.get("layer_scale") or raw.get("attn_output_gate") is False):
-            raise DraftfitError("a Qwen3-Next layer with layer_scale or without its attention output gate is not "
+        if arch != GLM_MTP_ARCHITECTURE and (raw.get("layer_scale") or raw.get("attn_output_gate") is False):
+            raise DraftfitError("a Qwen3-Next or Qwen3.5 layer with layer_scale or without its attention output gate is not "
                                 "modelled offline by this draftfit version", where=str(directory),
                                 fix="Measure this target's MTP with `draftfit verify`")
     else:
         fields = _layer_fields(raw, directory) | {"attention_bias": True}
-    fields["num_layers"] = int(raw.get("num_nextn_predict_layers") or 0)
+    fields["num_layers"] = mtp_layer_count(raw)
     config = HeadConfig(**fields, draft_vocab_size=fields["vocab_size"], target_hidden_size=fields["hidden_size"],
                         aux_layer_ids=None, method="mtp", architecture=arch)
     _one_layer(config, directory)
@@ -1071,6 +1087,18 @@ class Qwen3NextMTPHead(EhProjMTPHead):
         return _mlp(t, "shared_expert.", flat) * (flat @ t["shared_expert_gate"].T).sigmoid()
 
 
+class Qwen3_5MTPHead(Qwen3NextMTPHead):
+    """A Qwen3.5 target's MTP layer (vLLM's ``qwen3_5_mtp.py``): Qwen3-Next's, read from the text
+    model's config; its MLP a mixture of experts where the text model is ``qwen3_5_moe_text``, else
+    dense. Its M-RoPE is plain RoPE on text (every section at the token's position)."""
+
+    FAMILY = "Qwen3.5"
+
+    def __init__(self, config: HeadConfig, tensors: dict[str, Any], embed, d2t=None, *, model: dict[str, Any]):
+        super().__init__(config, tensors, embed, d2t, model=model)
+        self.moe = model.get("model_type") == "qwen3_5_moe_text"
+
+
 class GatedResidual(NamedTuple):
     """A layer's residual with the attention's output gate (Qwen3-Next's), from q/k/v to the block."""
 
@@ -1103,7 +1131,7 @@ def _mlp(t: dict[str, Any], prefix: str, x):
 
 HEADS = {cls.METHOD: cls for cls in (Eagle3Head, EagleHead, MTPHead)}
 MTP_LAYOUTS = {MTP_ARCHITECTURE: MTPHead, DEEPSEEK_MTP_ARCHITECTURE: DeepSeekMTPHead, GLM_MTP_ARCHITECTURE: Glm4MoeMTPHead,
-               QWEN3_NEXT_MTP_ARCHITECTURE: Qwen3NextMTPHead}
+               QWEN3_NEXT_MTP_ARCHITECTURE: Qwen3NextMTPHead} | dict.fromkeys(QWEN3_5_MTP_ARCHITECTURES, Qwen3_5MTPHead)
 
 
 def load_head(directory: Path, target_dir: Path | None = None, method: str | None = None) -> Eagle3Head:
@@ -1116,7 +1144,8 @@ def load_head(directory: Path, target_dir: Path | None = None, method: str | Non
 
 def target_embeddings(target_dir: Path):
     """The target's input embeddings (what vLLM shares with a head that has none)."""
-    return _target_tensor(target_dir, ("model.embed_tokens.weight", "embed_tokens.weight"))
+    return _target_tensor(target_dir, ("model.embed_tokens.weight", "embed_tokens.weight",
+                                       "model.language_model.embed_tokens.weight"))
 
 
 def target_lm_head(target_dir: Path):
@@ -1213,7 +1242,7 @@ def head_chains(trajset, head: Path, target_dir: Path, head_fp: str, steps: int,
             return [data[f"c{b}"] for b in range(len(trajset.trajectories))]
         cachedir.discard(final)
     model = load_head(head, target_dir, method)
-    layers = json.loads((Path(target_dir) / "config.json").read_text(encoding="utf-8"))["num_hidden_layers"]
+    layers = text_config(json.loads((Path(target_dir) / "config.json").read_text(encoding="utf-8")))["num_hidden_layers"]
     states = TargetStates(target_dir, model.config.aux_layers(int(layers)), dtype if dtype in ("float32", "bfloat16", "float16") else None,
                           before_final_norm=model.config.before_final_norm)
     chains = []

@@ -255,9 +255,10 @@ _UNGATED_FAMILIES = {
 # Families with q/k/v projection biases even though their configs carry no ``attention_bias`` key.
 _QKV_BIAS_FAMILIES = {"qwen2", "qwen2_moe", "qwen2_vl", "qwen2_5_vl"}
 # Families with per-head q/k RMSNorm weights.
-_QK_NORM_FAMILIES = {"qwen3", "qwen3_moe", "qwen3_next", "gemma3", "gemma3_text", "olmo2"}
+_QWEN_NEXT_FAMILIES = {"qwen3_next", "qwen3_5_text", "qwen3_5_moe_text"}
+_QK_NORM_FAMILIES = {"qwen3", "qwen3_moe", "gemma3", "gemma3_text", "olmo2", *_QWEN_NEXT_FAMILIES}
 # Families whose full-attention query projection also computes a per-head output gate (its width again).
-_GATED_QUERY_FAMILIES = {"qwen3_next"}
+_GATED_QUERY_FAMILIES = _QWEN_NEXT_FAMILIES
 # Families whose configs tie input and output embeddings when they do not say otherwise.
 _TIED_BY_DEFAULT = {"gpt2", "gemma", "gemma2", "gemma3", "gemma3_text", "opt"}
 

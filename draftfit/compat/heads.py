@@ -22,6 +22,14 @@ MTP_LAYER_KEYS = ("num_nextn_predict_layers", "mtp_num_hidden_layers", "num_mtp_
 COMPATIBLE, INCOMPATIBLE = "compatible", "incompatible"
 
 
+def mtp_layer_count(config: dict[str, Any]) -> int:
+    """The MTP layers a target's config names (0: none), at the top or in its text model's config
+    (Qwen3.5's ``text_config.mtp_num_hidden_layers``)."""
+    from draftfit.compat.files import text_config_value
+
+    return next((int(text_config_value(config, k)) for k in MTP_LAYER_KEYS if text_config_value(config, k)), 0)
+
+
 @dataclass(frozen=True)
 class HeadFinding:
     severity: str  # "error": vLLM refuses or runs it wrong; "note": vLLM adjusts it and says so
@@ -132,7 +140,7 @@ def check_head(method: str, head_dir: Path | None, target_config: dict[str, Any]
 
 
 def _check_mtp(report: HeadCheck, target_config: dict[str, Any], ks: list[int]) -> None:
-    n = next((int(target_config[k]) for k in MTP_LAYER_KEYS if target_config.get(k)), 0)
+    n = mtp_layer_count(target_config)
     if not n:
         report.error("the target has no MTP layers (no num_nextn_predict_layers in its config)",
                      "Use method mtp only with a target that ships MTP layers")

