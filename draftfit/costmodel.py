@@ -158,7 +158,7 @@ class GpuStepTime:
         context = np.asarray(kv_tokens, float) / np.maximum(b, 1.0)
         shape = self.shape
         matmul = shape.active_params - (0.0 if shape.tied_embeddings else shape.embedding_params)
-        attention = 4.0 * shape.num_layers * shape.num_heads * shape.head_dim * n * context
+        attention = 4.0 * shape.kv_layers * shape.num_heads * shape.head_dim * n * context
         flops = (2.0 * matmul * n + attention) / self.tensor_parallel_size
         return flops / (self.gpu.bf16_flops * self.constants.compute_efficiency)
 

@@ -47,7 +47,8 @@ DeepSeek-V3's and GLM-4.5's MTP layers (``deepseek_mtp.py``, ``glm4_moe_mtp.py``
 :class:`DeepSeekMTPHead`, :class:`Glm4MoeMTPHead`) are read from their target (``model.layers.{L}.*``):
 they read the target's *normed* last hidden state, project ``[embedding, state]`` (the other order
 from MiMo's) into a decoder layer of their family (latent or grouped-query attention, experts), and
-feed back their normed output (DeepSeek) or the sum before that norm (GLM). Qwen3-Next's
+feed back their normed output (DeepSeek) or the sum before that norm (GLM); GLM-4.7-Flash's
+(``glm4_moe_lite_mtp.py``, :class:`Glm4MoeLiteMTPHead`) is DeepSeek's layer fed back as GLM's. Qwen3-Next's
 (``qwen3_next_mtp.py``, :class:`Qwen3NextMTPHead`) is read as ``mtp.*``: the same reading through
 its own ``fc``, one of the target's full-attention layers (a gated query), its normed output fed back.
 """
@@ -181,12 +182,14 @@ MTP_ARCHITECTURE = "MiMoForCausalLM"  # the layout a layer trained here is writt
 DEEPSEEK_MTP_ARCHITECTURE = "DeepseekV3ForCausalLM"
 DEEPSEEK_MTP_MODEL_TYPE = "deepseek_v3"  # what vLLM maps to its deepseek_mtp proposer (V3.2's sparse one aside)
 GLM_MTP_ARCHITECTURE = "Glm4MoeForCausalLM"  # GLM-4.5 / 4.6: vLLM's glm4_moe_mtp
+GLM_LITE_MTP_ARCHITECTURE = "Glm4MoeLiteForCausalLM"  # GLM-4.7-Flash: vLLM's glm4_moe_lite_mtp
 QWEN3_NEXT_MTP_ARCHITECTURE = "Qwen3NextForCausalLM"  # vLLM's qwen3_next_mtp
 # vLLM's qwen3_5_mtp: the multimodal checkpoints Qwen3.5 ships and text-only ones, dense and MoE
 QWEN3_5_MTP_ARCHITECTURES = ("Qwen3_5ForConditionalGeneration", "Qwen3_5MoeForConditionalGeneration",
                              "Qwen3_5ForCausalLM", "Qwen3_5MoeForCausalLM")
 OFFLINE_MTP_LAYOUTS = ("MiMo's (vLLM's mimo_mtp), DeepSeek-V3's (deepseek_mtp), GLM-4.5's (glm4_moe_mtp), "
-                       "Qwen3-Next's (qwen3_next_mtp) and Qwen3.5's (qwen3_5_mtp)")
+                       "GLM-4.7-Flash's (glm4_moe_lite_mtp), Qwen3-Next's (qwen3_next_mtp) and Qwen3.5's "
+                       "(qwen3_5_mtp)")
 
 
 def text_config(raw: dict[str, Any]) -> dict[str, Any]:
@@ -206,6 +209,8 @@ def mtp_layout(raw: dict[str, Any]) -> str | None:
         return arch
     if arch == DEEPSEEK_MTP_ARCHITECTURE and raw.get("model_type") == DEEPSEEK_MTP_MODEL_TYPE:
         return arch
+    if arch == GLM_LITE_MTP_ARCHITECTURE and "index_topk" not in raw:  # with it, sparse attention: no CPU kernel
+        return arch
     return None
 
 
@@ -222,7 +227,7 @@ def _mtp_config(raw: dict[str, Any], directory: Path) -> HeadConfig:
                             f"{raw.get('model_type')!r}) are not modelled offline by this draftfit version, which runs "
                             f"{OFFLINE_MTP_LAYOUTS} layouts",
                             where=str(directory), fix="Measure this target's MTP with `draftfit verify`")
-    if arch == DEEPSEEK_MTP_ARCHITECTURE:
+    if arch in (DEEPSEEK_MTP_ARCHITECTURE, GLM_LITE_MTP_ARCHITECTURE):
         fields = _deepseek_fields(raw, directory)
     elif arch in (GLM_MTP_ARCHITECTURE, QWEN3_NEXT_MTP_ARCHITECTURE, *QWEN3_5_MTP_ARCHITECTURES):
         fields = _layer_fields(raw, directory)
@@ -1004,6 +1009,16 @@ class Glm4MoeMTPHead(EhProjMTPHead):
         return _rms(prenorm, self.t["final_layernorm"], self.config.rms_norm_eps), prenorm
 
 
+class Glm4MoeLiteMTPHead(DeepSeekMTPHead):
+    """A GLM-4.7-Flash target's MTP layer (vLLM's ``glm4_moe_lite_mtp.py``): DeepSeek's layer
+    (multi-head latent attention, rotated in interleaved pairs) under GLM's routing (sigmoid scores)
+    and GLM's return — the residual sum before ``shared_head.norm`` is the next step's state."""
+
+    FAMILY = "GLM-4.7-Flash"
+    _scoring = staticmethod(Glm4MoeMTPHead._scoring)
+    _finish = Glm4MoeMTPHead._finish
+
+
 class Qwen3NextMTPHead(EhProjMTPHead):
     """A Qwen3-Next target's MTP layer (vLLM's ``qwen3_next_mtp.py``), chained as an EAGLE head is.
 
@@ -1131,7 +1146,7 @@ def _mlp(t: dict[str, Any], prefix: str, x):
 
 HEADS = {cls.METHOD: cls for cls in (Eagle3Head, EagleHead, MTPHead)}
 MTP_LAYOUTS = {MTP_ARCHITECTURE: MTPHead, DEEPSEEK_MTP_ARCHITECTURE: DeepSeekMTPHead, GLM_MTP_ARCHITECTURE: Glm4MoeMTPHead,
-               QWEN3_NEXT_MTP_ARCHITECTURE: Qwen3NextMTPHead} | dict.fromkeys(QWEN3_5_MTP_ARCHITECTURES, Qwen3_5MTPHead)
+               GLM_LITE_MTP_ARCHITECTURE: Glm4MoeLiteMTPHead, QWEN3_NEXT_MTP_ARCHITECTURE: Qwen3NextMTPHead} | dict.fromkeys(QWEN3_5_MTP_ARCHITECTURES, Qwen3_5MTPHead)
 
 
 def load_head(directory: Path, target_dir: Path | None = None, method: str | None = None) -> Eagle3Head:

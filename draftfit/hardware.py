@@ -257,6 +257,8 @@ _QKV_BIAS_FAMILIES = {"qwen2", "qwen2_moe", "qwen2_vl", "qwen2_5_vl"}
 # Families with per-head q/k RMSNorm weights.
 _QWEN_NEXT_FAMILIES = {"qwen3_next", "qwen3_5_text", "qwen3_5_moe_text"}
 _QK_NORM_FAMILIES = {"qwen3", "qwen3_moe", "gemma3", "gemma3_text", "olmo2", *_QWEN_NEXT_FAMILIES}
+# Layer kinds (config ``layer_types``) that keep no KV cache.
+_NO_KV_LAYERS = {"linear_attention", "mamba", "mamba2"}
 # Families whose full-attention query projection also computes a per-head output gate (its width again).
 _GATED_QUERY_FAMILIES = _QWEN_NEXT_FAMILIES
 # Families whose configs tie input and output embeddings when they do not say otherwise.
@@ -296,6 +298,7 @@ class ModelShape:
     experts_per_token: int = 0
     expert_params: float = 0.0  # all routed experts of all layers (a MoE reads only those its tokens pick)
     kv_latent_dim: int = 0  # multi-head latent attention (DeepSeek, MiniCPM3): cached elements per token per layer
+    attention_layers: int = 0  # layers with a KV cache where others have none (linear attention); 0: every layer
     norm_and_router_params: float = 0.0  # what vLLM keeps unquantized besides embeddings and LM head
 
     @classmethod
@@ -382,6 +385,7 @@ class ModelShape:
             expert_params=float(experts),
             kv_latent_dim=latent,
             norm_and_router_params=float(small),
+            attention_layers=sum(kind not in _NO_KV_LAYERS for kind in cfg.get("layer_types") or ()),
         )
 
     @property
@@ -423,6 +427,12 @@ class ModelShape:
         """
         return self.params - (0.0 if self.tied_embeddings else self.embedding_params)
 
+    @property
+    def kv_layers(self) -> int:
+        """The layers whose attention reads a KV cache that grows with the context: all of them but a
+        hybrid model's linear-attention layers (Qwen3-Next's gated delta-net: a fixed state per sequence)."""
+        return self.attention_layers or self.num_layers
+
     def kv_heads_per_gpu(self, tensor_parallel_size: int = 1) -> int:
         """KV heads each GPU stores: split by TP, replicated when TP exceeds the head count (as vLLM)."""
         return max(1, self.num_kv_heads // tensor_parallel_size)
@@ -433,10 +443,10 @@ class ModelShape:
         """KV-cache bytes per token slot on one GPU: 2 (K and V) · layers · KV heads · head dim · bytes;
         with multi-head latent attention, layers · latent dim · bytes on every GPU (not split by TP)."""
         if self.kv_latent_dim:
-            return float(self.num_layers * self.kv_latent_dim * kv_dtype_bytes)
+            return float(self.kv_layers * self.kv_latent_dim * kv_dtype_bytes)
         return (
             2.0
-            * self.num_layers
+            * self.kv_layers
             * self.kv_heads_per_gpu(tensor_parallel_size)
             * self.head_dim
             * kv_dtype_bytes

@@ -197,6 +197,22 @@ def test_kv_bytes_per_token(config, kv_kib, tp, per_gpu_kib):
     assert shape.kv_bytes_per_token(2, tensor_parallel_size=tp) == per_gpu_kib * 1024
 
 
+def test_a_hybrid_models_linear_attention_layers_keep_no_kv_cache():
+    """Qwen3-Next-80B's shape (48 layers, every fourth full attention, 2 KV heads of 256): only its 12
+    attention layers cache keys and values — 24 KiB per token in bfloat16, not 96 — and only they
+    read the context; a Qwen3.5 checkpoint's nested text config reads the same."""
+    text = {"model_type": "qwen3_next", "hidden_size": 2048, "num_hidden_layers": 48, "num_attention_heads": 16,
+            "num_key_value_heads": 2, "head_dim": 256, "vocab_size": 151936, "intermediate_size": 5120,
+            "layer_types": [kind for _ in range(12) for kind in ("linear_attention",) * 3 + ("full_attention",)]}
+    shape = ModelShape.from_config(text)
+    assert (shape.num_layers, shape.kv_layers) == (48, 12)
+    assert shape.kv_bytes_per_token(2) == 2 * 12 * 2 * 256 * 2 == 24 * 1024
+    nested = ModelShape.from_config({"model_type": "qwen3_5", "text_config": text | {"model_type": "qwen3_5_text"}})
+    assert nested.kv_layers == 12
+    dense = ModelShape.from_config({k: v for k, v in text.items() if k != "layer_types"})
+    assert dense.kv_layers == 48  # no layer_types: every layer attends
+
+
 def test_mixture_of_experts_active_params():
     cfg = {
         "model_type": "mixtral",

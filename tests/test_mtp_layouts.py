@@ -13,6 +13,7 @@ import torch
 from draftfit.eagle_head import (
     DeepSeekMTPHead,
     EhProjMTPHead,
+    Glm4MoeLiteMTPHead,
     Glm4MoeMTPHead,
     MTPHead,
     Qwen3_5MTPHead,
@@ -38,6 +39,8 @@ LAYER_TENSORS = {  # the layer's class; its attention's, input projection's and 
                                                 "shared_experts.up_proj", *EXPERTS}),
     "Glm4MoeForCausalLM": (Glm4MoeMTPHead, {"q_proj.bias", "k_proj", "q_norm", "k_norm", "eh_proj",
                                             "gate.e_score_correction_bias", "shared_experts.up_proj", *EXPERTS}),
+    "Glm4MoeLiteForCausalLM": (Glm4MoeLiteMTPHead, {"q_a_proj", "q_b_proj", "kv_b_proj", "eh_proj",
+                                                    "gate.e_score_correction_bias", "shared_experts.up_proj", *EXPERTS}),
     "Qwen3NextForCausalLM": (Qwen3NextMTPHead, {"q_proj", "k_proj", "q_norm", "k_norm", "fc", "pre_fc_norm_hidden",
                                                 "shared_expert.up_proj", "shared_expert_gate", *EXPERTS}),
     "Qwen3_5ForCausalLM": (Qwen3_5MTPHead, {"q_proj", "k_proj", "q_norm", "k_norm", "fc", "pre_fc_norm_hidden",
@@ -57,6 +60,8 @@ def test_the_layout_is_read_from_the_targets_config(tiny_target):
         assert head.scale > (64 + 64) ** -0.5  # YaRN's mscale² on the softmax scale
     elif cls is Glm4MoeMTPHead:
         assert head.rotary_dim == 32 and head.routing["scoring"] == "sigmoid"  # half of each head; GLM's scores
+    elif cls is Glm4MoeLiteMTPHead:  # DeepSeek's attention at its plain scale (no YaRN), GLM's scores
+        assert head.scale == pytest.approx((64 + 64) ** -0.5) and head.routing["scoring"] == "sigmoid"
     else:  # Qwen3-Next, Qwen3.5
         assert head.rotary_dim == 16 and head.routing["scoring"] == "softmax"  # a quarter of each head
         assert float(head.t["q_norm"].mean()) == pytest.approx(1.0)  # zero-centred, read as 1 + w
@@ -71,7 +76,7 @@ def test_the_layout_is_read_from_the_targets_config(tiny_target):
     ("DeepseekV3ForCausalLM", "kimi_k2", None),  # vLLM maps only deepseek_v3 to its deepseek_mtp
     ("DeepseekV32ForCausalLM", "deepseek_v32", None),  # sparse attention: no CPU kernel, not modelled
     ("Glm4MoeForCausalLM", "glm4_moe", "Glm4MoeForCausalLM"),
-    ("Glm4MoeLiteForCausalLM", "glm4_moe_lite", None),
+    ("Glm4MoeLiteForCausalLM", "glm4_moe_lite", "Glm4MoeLiteForCausalLM"),
     ("Qwen3NextForCausalLM", "qwen3_next", "Qwen3NextForCausalLM"),
     ("Qwen3_5MoeForConditionalGeneration", "qwen3_5_moe", "Qwen3_5MoeForConditionalGeneration"),
     ("Qwen3_5ForCausalLM", "qwen3_5_text", "Qwen3_5ForCausalLM"),
@@ -85,6 +90,13 @@ def test_which_mtp_layouts_run_offline(arch, model_type, layout, tmp_path):
         with pytest.raises(Exception, match="not modelled offline") as info:
             read_config(tmp_path, "mtp")
         assert "draftfit verify" in info.value.fix
+
+
+def test_a_sparse_attention_glm_lite_is_not_modelled():
+    """vLLM gives GLM-4.7-Flash's layer DeepSeek-V3.2's sparse attention where the config names an
+    indexer (``index_topk``): no CPU kernel, and not the dense layer modelled here."""
+    raw = {"architectures": ["Glm4MoeLiteForCausalLM"], "model_type": "glm4_moe_lite", "num_nextn_predict_layers": 1}
+    assert mtp_layout(raw) == "Glm4MoeLiteForCausalLM" and mtp_layout(raw | {"index_topk": 2048}) is None
 
 
 def test_another_layers_pass_drafts_other_tokens(tiny_target):

@@ -49,12 +49,20 @@ def _model(family: str):
         DeepseekV3ForCausalLM,
         Glm4MoeConfig,
         Glm4MoeForCausalLM,
+        Glm4MoeLiteConfig,
+        Glm4MoeLiteForCausalLM,
         Qwen3_5ForCausalLM,
         Qwen3_5TextConfig,
         Qwen3NextConfig,
         Qwen3NextForCausalLM,
     )
 
+    if family == "glm4_moe_lite":  # GLM-4.7-Flash: DeepSeek's latent attention (default RoPE), GLM's experts
+        return Glm4MoeLiteForCausalLM(Glm4MoeLiteConfig(
+            **SHARED, num_attention_heads=4, num_key_value_heads=4, kv_lora_rank=512, q_lora_rank=96,
+            qk_rope_head_dim=64, v_head_dim=64, qk_nope_head_dim=64, n_group=1, topk_group=1,
+            max_position_embeddings=4096, initializer_range=INIT.get("glm4_moe_lite", 0.02),
+            rope_parameters={"rope_type": "default", "rope_theta": 10000.0}))
     if family == "qwen3_5":  # the dense text model, its RoPE in M-RoPE's sections (as Qwen3.5 ships it)
         return Qwen3_5ForCausalLM(Qwen3_5TextConfig(
             **COMMON, num_attention_heads=4, num_key_value_heads=2, head_dim=64,

