@@ -134,7 +134,7 @@ def engine_dtype(target) -> str:
     return tiny_mtp_targets.DTYPE.get(json.loads((target / "config.json").read_text())["model_type"], "float32")
 
 
-def test_engine_kwargs_turn_prefix_caching_off_for_linear_attention_and_refuse_float32(tmp_path, smollm2_model):
+def test_engine_kwargs_run_linear_attention_in_bfloat16_without_prefix_caching(tmp_path, smollm2_model):
     pytest.importorskip("vllm")
     from draftfit.engines.vllm_engine import cpu_linear_attention
     from draftfit.errors import DraftfitError
@@ -144,6 +144,8 @@ def test_engine_kwargs_turn_prefix_caching_off_for_linear_attention_and_refuse_f
     with pytest.raises(DraftfitError, match="bfloat16 only") as info:
         cpu_linear_attention(tmp_path, "float32")
     assert "--dtype bfloat16" in info.value.fix
+    # auto resolved to float32 (a CPU without native bfloat16): bfloat16 instead, emulated
+    assert cpu_linear_attention(tmp_path, "float32", auto=True) == {"dtype": "bfloat16", "enable_prefix_caching": False}
     assert cpu_linear_attention(smollm2_model, "float32") == {}  # attention only
     nested = tmp_path / "multimodal"
     nested.mkdir()

