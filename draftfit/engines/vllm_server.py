@@ -45,9 +45,15 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+# Engine switches vLLM turns on unless told: False is spelled out (its CLI's ``--no-…``).
+ON_BY_DEFAULT = {"enable_prefix_caching"}
+
+
 def _flag(key: str, value: Any) -> list[str]:
     """One engine argument as vLLM's CLI spells it (``max_model_len=4096`` → ``--max-model-len 4096``)."""
     flag = "--" + key.replace("_", "-")
+    if value is False and key in ON_BY_DEFAULT:
+        return ["--no-" + flag.removeprefix("--")]
     if value is None or value is False:
         return []
     if value is True:
