@@ -63,6 +63,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from draftfit.compat.files import text_config
 from draftfit.errors import DraftfitError
 
 WEIGHTS = "model.safetensors"
@@ -190,16 +191,6 @@ QWEN3_5_MTP_ARCHITECTURES = ("Qwen3_5ForConditionalGeneration", "Qwen3_5MoeForCo
 OFFLINE_MTP_LAYOUTS = ("MiMo's (vLLM's mimo_mtp), DeepSeek-V3's (deepseek_mtp), GLM-4.5's (glm4_moe_mtp), "
                        "GLM-4.7-Flash's (glm4_moe_lite_mtp), Qwen3-Next's (qwen3_next_mtp) and Qwen3.5's "
                        "(qwen3_5_mtp)")
-
-
-def text_config(raw: dict[str, Any]) -> dict[str, Any]:
-    """A multimodal checkpoint's text-model config (Qwen3.5's ``text_config``) with the checkpoint's
-    architecture, as vLLM's MTP proposer reads it (``hf_text_config``); any other config as it is."""
-    text = raw.get("text_config")
-    if not isinstance(text, dict) or "num_hidden_layers" in raw:
-        return raw
-    return {**text, "architectures": raw.get("architectures"),
-            "tie_word_embeddings": text.get("tie_word_embeddings", raw.get("tie_word_embeddings", False))}
 
 
 def mtp_layout(raw: dict[str, Any]) -> str | None:

@@ -28,6 +28,7 @@ import numpy as np
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from draftfit.compat.files import text_config
 from draftfit.errors import DraftfitError
 
 GIB = 1024**3
@@ -307,11 +308,8 @@ class ModelShape:
     ) -> ModelShape:
         """Read an HF ``config.json`` dict; estimate the parameter count unless ``params`` is given."""
         cfg: Mapping[str, Any] = config
-        if "text_config" in cfg and _first(cfg, "num_hidden_layers", "n_layer") is None:
-            cfg = {
-                **cfg["text_config"],
-                "model_type": cfg["text_config"].get("model_type", cfg.get("model_type")),
-            }
+        if _first(cfg, "n_layer") is None:  # GPT-2's layers are not nested
+            cfg = text_config(dict(cfg))
         model_type = str(cfg.get("model_type") or "unknown")
         label = name or str(cfg.get("_name_or_path") or model_type)
 

@@ -115,6 +115,16 @@ def load_model_files(
     )
 
 
+def text_config(raw: dict[str, Any]) -> dict[str, Any]:
+    """A multimodal checkpoint's text-model config (Qwen3.5's ``text_config``) with the checkpoint's
+    architecture, as vLLM reads a decoder's sizes (``hf_text_config``); any other config as it is."""
+    text = raw.get("text_config")
+    if not isinstance(text, dict) or "num_hidden_layers" in raw:
+        return raw
+    tied = {"tie_word_embeddings": raw["tie_word_embeddings"]} if "tie_word_embeddings" in raw else {}
+    return tied | text | {"architectures": raw.get("architectures"), "model_type": text.get("model_type", raw.get("model_type"))}
+
+
 def text_config_value(config: dict[str, Any], key: str) -> Any:
     """``config[key]``, else the same key in the nested language-model config (as engines look it up)."""
     if key in config:

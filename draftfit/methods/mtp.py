@@ -80,8 +80,8 @@ class MTP(EagleFamily):
 
     def cost(self, plan: PlannedDraft, step_time, *, trust_remote_code: bool = False) -> CostTerms:
         """The layer's passes; vLLM shares the target's embedding and LM head with every MTP model."""
+        from draftfit.compat.files import text_config
         from draftfit.costmodel import ModelDraftCost
-        from draftfit.eagle_head import text_config
         from draftfit.refs import fingerprint, model_dir
 
         # a multimodal target's text model (Qwen3.5's): what its MTP layers are sized by
