@@ -186,12 +186,14 @@ GLM_MTP_ARCHITECTURE = "Glm4MoeForCausalLM"  # GLM-4.5 / 4.6: vLLM's glm4_moe_mt
 GLM_LITE_MTP_ARCHITECTURE = "Glm4MoeLiteForCausalLM"  # GLM-4.7-Flash: vLLM's glm4_moe_lite_mtp
 QWEN3_NEXT_MTP_ARCHITECTURE = "Qwen3NextForCausalLM"  # vLLM's qwen3_next_mtp
 ERNIE_MTP_ARCHITECTURE = "Ernie4_5_MoeForCausalLM"  # ERNIE-4.5's MoE models: vLLM's ernie_mtp
+EXAONE_MOE_MTP_ARCHITECTURES = ("ExaoneMoeForCausalLM", "ExaoneMoEForCausalLM")  # K-EXAONE: vLLM's exaone_moe_mtp
+DENSE_MTP_LAYOUTS = (ERNIE_MTP_ARCHITECTURE, *EXAONE_MOE_MTP_ARCHITECTURES)  # a dense layer after a MoE target
 # vLLM's qwen3_5_mtp: the multimodal checkpoints Qwen3.5 ships and text-only ones, dense and MoE
 QWEN3_5_MTP_ARCHITECTURES = ("Qwen3_5ForConditionalGeneration", "Qwen3_5MoeForConditionalGeneration",
                              "Qwen3_5ForCausalLM", "Qwen3_5MoeForCausalLM")
 OFFLINE_MTP_LAYOUTS = ("MiMo's (vLLM's mimo_mtp), DeepSeek-V3's (deepseek_mtp), GLM-4.5's (glm4_moe_mtp), "
                        "GLM-4.7-Flash's (glm4_moe_lite_mtp), Qwen3-Next's (qwen3_next_mtp), Qwen3.5's "
-                       "(qwen3_5_mtp) and ERNIE-4.5's (ernie_mtp)")
+                       "(qwen3_5_mtp), ERNIE-4.5's (ernie_mtp) and K-EXAONE's (exaone_moe_mtp)")
 
 
 def mtp_layout(raw: dict[str, Any]) -> str | None:
@@ -205,6 +207,9 @@ def mtp_layout(raw: dict[str, Any]) -> str | None:
         return arch
     if arch == ERNIE_MTP_ARCHITECTURE and raw.get("model_type") == "ernie4_5_moe" and not raw.get("use_bias"):
         return arch  # with use_bias the checkpoint's layer has biases vLLM's Llama layer does not read
+    if arch in EXAONE_MOE_MTP_ARCHITECTURES and raw.get("model_type") == "exaone_moe" and not any(
+            (raw.get("swiglu_limits") or [0])[:1]):  # a clamped SwiGLU: a GPU kernel, not modelled
+        return arch
     return None
 
 
@@ -223,9 +228,10 @@ def _mtp_config(raw: dict[str, Any], directory: Path) -> HeadConfig:
                             where=str(directory), fix="Measure this target's MTP with `draftfit verify`")
     if arch in (DEEPSEEK_MTP_ARCHITECTURE, GLM_LITE_MTP_ARCHITECTURE):
         fields = _deepseek_fields(raw, directory)
-    elif arch in (GLM_MTP_ARCHITECTURE, QWEN3_NEXT_MTP_ARCHITECTURE, ERNIE_MTP_ARCHITECTURE, *QWEN3_5_MTP_ARCHITECTURES):
+    elif arch in (GLM_MTP_ARCHITECTURE, QWEN3_NEXT_MTP_ARCHITECTURE, ERNIE_MTP_ARCHITECTURE, *QWEN3_5_MTP_ARCHITECTURES,
+                  *EXAONE_MOE_MTP_ARCHITECTURES):
         fields = _layer_fields(raw, directory)
-        if arch not in (GLM_MTP_ARCHITECTURE, ERNIE_MTP_ARCHITECTURE) and (raw.get("layer_scale") or raw.get("attn_output_gate") is False):
+        if arch in (QWEN3_NEXT_MTP_ARCHITECTURE, *QWEN3_5_MTP_ARCHITECTURES) and (raw.get("layer_scale") or raw.get("attn_output_gate") is False):
             raise DraftfitError("a Qwen3-Next or Qwen3.5 layer with layer_scale or without its attention output gate is not "
                                 "modelled offline by this draftfit version", where=str(directory),
                                 fix="Measure this target's MTP with `draftfit verify`")
@@ -335,6 +341,7 @@ class Eagle3Head:
         inv = 1.0 / (c.rope_theta ** (torch.arange(0, c.head_dim, 2, dtype=torch.float64) / c.head_dim))
         self.inv_freq = inv.float()
         self.scale = c.head_dim ** -0.5  # the attention's softmax scale
+        self.window: int | None = None  # a sliding window: a query reads the last `window` positions, its own included
 
     # --- construction -----------------------------------------------------------------------
 
@@ -545,6 +552,10 @@ class Eagle3Head:
         n = k.shape[0]
         return torch.einsum("ahn,nhd->ahd", w[..., :n], v) + torch.einsum("ahj,ajhd->ahd", w[..., n:], cv)
 
+    def _in_window(self, queries, keys):
+        """[len(queries), len(keys)]: which key positions lie in each query position's sliding window."""
+        return keys[None, :] > queries[:, None] - self.window
+
     def prefix_pass(self, seq, fused):
         """The target-conditioned pass over positions 0..L−2 (token at p+1, target state at p):
         (normed outputs, chain hiddens, keys, values), causal."""
@@ -553,9 +564,11 @@ class Eagle3Head:
         positions = torch.arange(n)
         q, k, v, residual = self._qkv(seq[1 : n + 1], fused, positions)
         rep = self.config.num_heads // self.config.num_kv_heads
+        mask = None if self.window is None else self._in_window(positions, positions) & (positions[None, :] <= positions[:, None])
         attn = torch.nn.functional.scaled_dot_product_attention(
             q.transpose(0, 1)[None], k.repeat_interleave(rep, dim=-2).transpose(0, 1)[None],
-            v.repeat_interleave(rep, dim=-2).transpose(0, 1)[None], is_causal=True, scale=self.scale)[0].transpose(0, 1)
+            v.repeat_interleave(rep, dim=-2).transpose(0, 1)[None], attn_mask=mask, is_causal=mask is None,
+            scale=self.scale)[0].transpose(0, 1)
         out, hidden = self._finish(attn, residual)
         return out, hidden, k, v
 
@@ -574,6 +587,9 @@ class Eagle3Head:
         logits = [project(first_out)]
         hidden = first_hidden
         prefix_mask = torch.arange(n)[None, :] <= starts[:, None]  # [A, n]
+        if self.window is not None and steps > self.window:  # the chain's own keys are read whole below
+            raise DraftfitError(f"a chain of {steps} drafts is longer than the layer's sliding window ({self.window})",
+                                fix="Use fewer speculative tokens")
         ck, cv = [], []
         for j in range(1, steps):
             tokens = inputs(j, logits[-1])
@@ -581,7 +597,8 @@ class Eagle3Head:
             q, k, v, residual = self._qkv(tokens, hidden, pos)
             ck.append(k)
             cv.append(v)
-            attn = self._attend(q, keys, values, prefix_mask, torch.stack(ck, dim=1), torch.stack(cv, dim=1))
+            window = prefix_mask if self.window is None else prefix_mask & self._in_window(pos, torch.arange(n))
+            attn = self._attend(q, keys, values, window, torch.stack(ck, dim=1), torch.stack(cv, dim=1))
             out, hidden = self._finish(attn, residual)
             logits.append(project(out))
         return torch.stack(logits, dim=1)
@@ -1147,6 +1164,37 @@ class ErnieMTPHead(EhProjMTPHead):
         return prenorm, prenorm
 
 
+class ExaoneMoeMTPHead(Qwen3NextMTPHead):
+    """A K-EXAONE (EXAONE-MoE) target's MTP layer (vLLM's ``exaone_moe_mtp.py``), chained as an EAGLE
+    head is.
+
+    Read as Qwen3-Next's is (``mtp.fc`` over ``[pre_fc_norm_embedding(embed), pre_fc_norm_hidden(state)]``,
+    the embedding not zeroed; ``mtp.layers.0.*``; ``mtp.norm`` of the residual sum both the logits'
+    input and the next state), but its norms are plain RMS norms (``x · w``) and its layer is
+    EXAONE's: per-head q/k norms, no output gate, neox RoPE over the whole head (the MTP layer always
+    rotates, where the target's global layers do not), a dense MLP of ``intermediate_size``, and the
+    attention of the target's first layer type (``mtp_layer_types`` where the config has them): a
+    sliding window where that type is ``sliding_attention``.
+    """
+
+    PARAMS = ("pre_fc_norm_embedding", "pre_fc_norm_hidden", "fc", "input_layernorm", "o_proj",
+              "post_attention_layernorm", "final_layernorm", "q_proj", "k_proj", "v_proj", "q_norm", "k_norm")
+    NORMS = ()
+    FAMILY = "K-EXAONE"
+
+    def __init__(self, config: HeadConfig, tensors: dict[str, Any], embed, d2t=None, *, model: dict[str, Any]):
+        super().__init__(config, tensors, embed, d2t, model=model)
+        self.moe = False
+        self._partial_rotary(model, default=1.0)
+        types = model.get("mtp_layer_types") or model.get("layer_types") or ["full_attention"]
+        windows = model.get("mtp_sliding_windows") or model.get("sliding_windows")
+        if types[0] != "full_attention":
+            self.window = int(windows[0] if windows else model["sliding_window"])
+
+    _qkv = Glm4MoeMTPHead._qkv
+    _block = Eagle3Head._block
+
+
 class GatedResidual(NamedTuple):
     """A layer's residual with the attention's output gate (Qwen3-Next's), from q/k/v to the block."""
 
@@ -1180,7 +1228,9 @@ def _mlp(t: dict[str, Any], prefix: str, x):
 HEADS = {cls.METHOD: cls for cls in (Eagle3Head, EagleHead, MTPHead)}
 MTP_LAYOUTS = {MTP_ARCHITECTURE: MTPHead, DEEPSEEK_MTP_ARCHITECTURE: DeepSeekMTPHead, GLM_MTP_ARCHITECTURE: Glm4MoeMTPHead,
                GLM_LITE_MTP_ARCHITECTURE: Glm4MoeLiteMTPHead, QWEN3_NEXT_MTP_ARCHITECTURE: Qwen3NextMTPHead,
-               ERNIE_MTP_ARCHITECTURE: ErnieMTPHead} | dict.fromkeys(QWEN3_5_MTP_ARCHITECTURES, Qwen3_5MTPHead)
+               ERNIE_MTP_ARCHITECTURE: ErnieMTPHead,
+               **dict.fromkeys(QWEN3_5_MTP_ARCHITECTURES, Qwen3_5MTPHead),
+               **dict.fromkeys(EXAONE_MOE_MTP_ARCHITECTURES, ExaoneMoeMTPHead)}
 
 
 def load_head(directory: Path, target_dir: Path | None = None, method: str | None = None) -> Eagle3Head:

@@ -257,7 +257,7 @@ _UNGATED_FAMILIES = {
 _QKV_BIAS_FAMILIES = {"qwen2", "qwen2_moe", "qwen2_vl", "qwen2_5_vl"}
 # Families with per-head q/k RMSNorm weights.
 _QWEN_NEXT_FAMILIES = {"qwen3_next", "qwen3_5_text", "qwen3_5_moe_text"}
-_QK_NORM_FAMILIES = {"qwen3", "qwen3_moe", "gemma3", "gemma3_text", "olmo2", *_QWEN_NEXT_FAMILIES}
+_QK_NORM_FAMILIES = {"qwen3", "qwen3_moe", "gemma3", "gemma3_text", "olmo2", "exaone_moe", *_QWEN_NEXT_FAMILIES}
 # Layer kinds (config ``layer_types``) that keep no KV cache.
 _NO_KV_LAYERS = {"linear_attention", "mamba", "mamba2"}
 # Families whose full-attention query projection also computes a per-head output gate (its width again).
@@ -505,8 +505,8 @@ def _estimate_params(
         router = hidden * n_experts
         shared_width = int(_first(cfg, "shared_expert_intermediate_size", default=0) or 0)
         shared = mlp(shared_width) + hidden if shared_width else 0  # shared expert + its gate (Qwen-MoE)
-        n_shared = int(_first(cfg, "n_shared_experts", "moe_num_shared_experts", default=0) or 0)
-        if not shared_width and n_shared:  # DeepSeek / GLM / ERNIE: shared experts of the routed width
+        n_shared = int(_first(cfg, "n_shared_experts", "moe_num_shared_experts", "num_shared_experts", default=0) or 0)
+        if not shared_width and n_shared:  # DeepSeek / GLM / ERNIE / EXAONE: shared experts of the routed width
             shared = mlp(n_shared * expert_width)
         mlp_total = n_experts * mlp(expert_width) + router + shared
         mlp_active = max(per_token, 1) * mlp(expert_width) + router + shared

