@@ -216,8 +216,9 @@ def mtp_layout(raw: dict[str, Any]) -> str | None:
 def _mtp_config(raw: dict[str, Any], directory: Path) -> HeadConfig:
     """The MTP layer of a target in MiMo's layout (Qwen2's decoder layer, q/k/v biases), DeepSeek-V3's
     (an MLA decoder layer, dense or MoE), GLM-4.5's (GLM's decoder layer), Qwen3-Next's and
-    Qwen3.5's (their full-attention layer) or ERNIE-4.5's (a Llama layer), with the target's own sizes, ``num_nextn_predict_layers``
-    (Qwen3.5: ``mtp_num_hidden_layers``) of them."""
+    Qwen3.5's (their full-attention layer), ERNIE-4.5's (a Llama layer) or K-EXAONE's (EXAONE's
+    layer), with the target's own sizes, ``num_nextn_predict_layers`` (Qwen3.5:
+    ``mtp_num_hidden_layers``) of them."""
     from draftfit.compat.heads import mtp_layer_count
 
     arch = mtp_layout(raw)
@@ -1054,6 +1055,7 @@ class Qwen3NextMTPHead(EhProjMTPHead):
     NORMS = ("pre_fc_norm_embedding", "pre_fc_norm_hidden", "input_layernorm", "post_attention_layernorm",
              "final_layernorm", "q_norm", "k_norm")
     FAMILY = "Qwen3-Next"
+    ROTARY = 0.25  # the share of each head RoPE turns where the config names none
 
     def __init__(self, config: HeadConfig, tensors: dict[str, Any], embed, d2t=None, *, model: dict[str, Any]):
         super().__init__(config, tensors, embed, d2t, model=model)
@@ -1062,7 +1064,7 @@ class Qwen3NextMTPHead(EhProjMTPHead):
         self.moe = (int(m.get("num_experts") or 0) > 0 and 0 not in (m.get("mlp_only_layers") or [])
                     and 1 % int(m.get("decoder_sparse_step") or 1) == 0)
         self.routing |= {"groups": 1, "topk_group": 1, "scoring": "softmax", "scale": 1.0}
-        self._partial_rotary(model, default=0.25)
+        self._partial_rotary(model, default=self.ROTARY)
 
     @classmethod
     def _attention_params(cls, raw: dict[str, Any]) -> tuple[str, ...]:
@@ -1181,11 +1183,11 @@ class ExaoneMoeMTPHead(Qwen3NextMTPHead):
               "post_attention_layernorm", "final_layernorm", "q_proj", "k_proj", "v_proj", "q_norm", "k_norm")
     NORMS = ()
     FAMILY = "K-EXAONE"
+    ROTARY = 1.0
 
     def __init__(self, config: HeadConfig, tensors: dict[str, Any], embed, d2t=None, *, model: dict[str, Any]):
         super().__init__(config, tensors, embed, d2t, model=model)
         self.moe = False
-        self._partial_rotary(model, default=1.0)
         types = model.get("mtp_layer_types") or model.get("layer_types") or ["full_attention"]
         windows = model.get("mtp_sliding_windows") or model.get("sliding_windows")
         if types[0] != "full_attention":

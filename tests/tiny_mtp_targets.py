@@ -1,5 +1,5 @@
-"""Tiny DeepSeek-V3, GLM-4.5, GLM-4.7-Flash, Qwen3-Next, Qwen3.5 and ERNIE-4.5 targets with an MTP layer, built
-and trained in the test session (no model of those layouts loads or downloads here).
+"""Tiny DeepSeek-V3, GLM-4.5, GLM-4.7-Flash, Qwen3-Next, Qwen3.5, ERNIE-4.5 and K-EXAONE targets with an
+MTP layer, built and trained in the test session (no model of those layouts loads or downloads here).
 
 Each target is a randomly initialised model in its family's own shape, shrunk, with SmolLM2's
 tokenizer. DeepSeek-V3's and GLM's have a dense first layer and a mixture of experts after it
@@ -11,10 +11,11 @@ GLM-4.5's grouped-query attention with q/k/v biases, q/k norms and RoPE on half 
 Qwen3-Next's and Qwen3.5's are a gated delta-net layer then a full-attention one (a gated query,
 q/k norms, RoPE on a quarter of each head), Qwen3-Next's MLPs softmax-routed experts with a gated
 shared expert, Qwen3.5's dense. ERNIE-4.5's are a dense layer then softmax-routed experts with a
-shared one, its RoPE in interleaved pairs. The MTP layer (``model.layers.{L}.*`` as DeepSeek and GLM
-ship it, ``mtp.*`` as the Qwen families do, ``model.mtp_*.0`` as ERNIE does) is a copy of the last
-layer's weights (ERNIE's: its attention, and the first layer's dense MLP) with its own norms and
-input projection, trained to predict the target's token after next on the target's own answers —
+shared one, its RoPE in interleaved pairs. K-EXAONE's are a sliding-window layer (``WINDOW``) then a
+global one without RoPE, q/k norms, a dense MLP then experts with a shared one. The MTP layer
+(``model.layers.{L}.*`` as DeepSeek and GLM ship it, ``mtp.*`` as the Qwen families and K-EXAONE do,
+``model.mtp_*.0`` as ERNIE does) is a copy of the last layer's weights (ERNIE's and K-EXAONE's: its
+attention, and the first layer's dense MLP) with its own norms and input projection, trained to predict the target's token after next on the target's own answers —
 so its acceptance is real, not 0 and not every token.
 """
 
