@@ -187,7 +187,6 @@ GLM_LITE_MTP_ARCHITECTURE = "Glm4MoeLiteForCausalLM"  # GLM-4.7-Flash: vLLM's gl
 QWEN3_NEXT_MTP_ARCHITECTURE = "Qwen3NextForCausalLM"  # vLLM's qwen3_next_mtp
 ERNIE_MTP_ARCHITECTURE = "Ernie4_5_MoeForCausalLM"  # ERNIE-4.5's MoE models: vLLM's ernie_mtp
 EXAONE_MOE_MTP_ARCHITECTURES = ("ExaoneMoeForCausalLM", "ExaoneMoEForCausalLM")  # K-EXAONE: vLLM's exaone_moe_mtp
-DENSE_MTP_LAYOUTS = (ERNIE_MTP_ARCHITECTURE, *EXAONE_MOE_MTP_ARCHITECTURES)  # a dense layer after a MoE target
 # vLLM's qwen3_5_mtp: the multimodal checkpoints Qwen3.5 ships and text-only ones, dense and MoE
 QWEN3_5_MTP_ARCHITECTURES = ("Qwen3_5ForConditionalGeneration", "Qwen3_5MoeForConditionalGeneration",
                              "Qwen3_5ForCausalLM", "Qwen3_5MoeForCausalLM")
@@ -805,14 +804,15 @@ class EhProjMTPHead(MTPHead):
 
     PARAMS = ("enorm", "hnorm", "eh_proj", "input_layernorm", "o_proj", "post_attention_layernorm", "final_layernorm")
     FAMILY = ""
+    DENSE = False  # vLLM builds the layer with a dense MLP whatever the target's later layers are
 
     def __init__(self, config: HeadConfig, tensors: dict[str, Any], embed, d2t=None, *, model: dict[str, Any]):
         """``model``: the target's ``config.json`` (the attention's sizes, the experts, the RoPE)."""
         super().__init__(config, tensors, embed, d2t)
         m = model
         layer = int(m["num_hidden_layers"])  # the MTP layer's index: vLLM's decoder layer picks its MLP by it
-        self.moe = (m.get("n_routed_experts") is not None and layer >= int(m.get("first_k_dense_replace") or 0)
-                    and layer % int(m.get("moe_layer_freq") or 1) == 0)
+        self.moe = (not self.DENSE and m.get("n_routed_experts") is not None
+                    and layer >= int(m.get("first_k_dense_replace") or 0) and layer % int(m.get("moe_layer_freq") or 1) == 0)
         self.routing = {"top_k": int(m.get("num_experts_per_tok") or 1), "groups": int(m.get("n_group") or 1),
                         "topk_group": int(m.get("topk_group") or 1), "renormalize": bool(m.get("norm_topk_prob", True)),
                         "scoring": self._scoring(m), "scale": float(m.get("routed_scaling_factor") or 1.0)}
@@ -1061,7 +1061,7 @@ class Qwen3NextMTPHead(EhProjMTPHead):
         super().__init__(config, tensors, embed, d2t, model=model)
         m = model
         # vLLM numbers the MTP layer 0 ("mtp.layers.0"), and picks its MLP by that index
-        self.moe = (int(m.get("num_experts") or 0) > 0 and 0 not in (m.get("mlp_only_layers") or [])
+        self.moe = (not self.DENSE and int(m.get("num_experts") or 0) > 0 and 0 not in (m.get("mlp_only_layers") or [])
                     and 1 % int(m.get("decoder_sparse_step") or 1) == 0)
         self.routing |= {"groups": 1, "topk_group": 1, "scoring": "softmax", "scale": 1.0}
         self._partial_rotary(model, default=self.ROTARY)
@@ -1141,10 +1141,7 @@ class ErnieMTPHead(EhProjMTPHead):
               "q_proj", "k_proj", "v_proj")
     FAMILY = "ERNIE-4.5"
     NAMES = {"emb_norm.0": "enorm", "hidden_norm.0": "hnorm", "linear_proj.0": "eh_proj"}  # model.mtp_* → the layout's
-
-    def __init__(self, config: HeadConfig, tensors: dict[str, Any], embed, d2t=None, *, model: dict[str, Any]):
-        super().__init__(config, tensors, embed, d2t, model=model)
-        self.moe = False
+    DENSE = True
 
     @classmethod
     def _attention_params(cls, raw: dict[str, Any]) -> tuple[str, ...]:
@@ -1184,10 +1181,10 @@ class ExaoneMoeMTPHead(Qwen3NextMTPHead):
     NORMS = ()
     FAMILY = "K-EXAONE"
     ROTARY = 1.0
+    DENSE = True
 
     def __init__(self, config: HeadConfig, tensors: dict[str, Any], embed, d2t=None, *, model: dict[str, Any]):
         super().__init__(config, tensors, embed, d2t, model=model)
-        self.moe = False
         types = model.get("mtp_layer_types") or model.get("layer_types") or ["full_attention"]
         windows = model.get("mtp_sliding_windows") or model.get("sliding_windows")
         if types[0] != "full_attention":

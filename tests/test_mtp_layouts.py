@@ -419,7 +419,7 @@ def test_qwen3_5s_layer_pass_is_transformers_decoder_layer(tmp_path_factory, smo
 
 def test_the_estimated_shapes_count_the_checkpoints_parameters(tiny_target):
     """The target's shape (its experts, shared experts and dense layers as its family names them)
-    and its MTP layer's (dense for ERNIE-4.5, whose vLLM layer is Llama's) count what the
+    and its MTP layer's (dense for ERNIE-4.5 and K-EXAONE, as vLLM builds them) count what the
     checkpoint holds, within its norms and biases."""
     import math
 

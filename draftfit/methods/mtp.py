@@ -98,10 +98,10 @@ class MTP(EagleFamily):
         """The target's own MTP layer(s) (``num_nextn_predict_layers``, default 1), each a decoder
         layer of the target plus its input projection (2·hidden → hidden); vLLM runs a layer once
         per drafted token."""
-        from draftfit.eagle_head import DENSE_MTP_LAYOUTS, mtp_layout
+        from draftfit.eagle_head import MTP_LAYOUTS, mtp_layout
 
         layers = mtp_layer_count(config) or 1
-        if mtp_layout(config) in DENSE_MTP_LAYOUTS:  # the layer is dense whatever the target's MLPs
+        if getattr(MTP_LAYOUTS.get(mtp_layout(config)), "DENSE", False):  # dense whatever the target's MLPs
             config = {**config, "num_local_experts": 0}
         # the MTP layers come after every target layer: experts wherever the target's later layers have them
         shape = super(EagleFamily, self).draft_shape({**config, "num_hidden_layers": layers, "first_k_dense_replace": 0}, name)
