@@ -207,6 +207,23 @@ def kv_checks(constants: GpuConstants | None = None) -> list[dict]:
     return out
 
 
+def request_checks() -> list[dict]:
+    """KV one request at max_model_len needs, predicted, against what vLLM's published start-up
+    refusals say it needs (independent of weights and the reserve)."""
+    from draftfit.hardware import Hardware
+
+    out = []
+    for log in yaml.safe_load((DATA / "kv_logs.yaml").read_text()).get("requests") or []:
+        shape = ModelShape.from_config(json.loads((DATA / log["model"]["config"]).read_text()), name=log["id"])
+        hw = Hardware(load_catalog().get("H100 SXM"), log["tensor_parallel_size"], log["tensor_parallel_size"])
+        report = vram_report(hw, shape, None, kv_cache_dtype=log["kv_cache_dtype"], max_model_len=log["max_model_len"],
+                             max_num_batched_tokens=log["max_num_batched_tokens"], vllm_version=log["vllm"])
+        predicted = report.kv_target_bytes_per_request / 2**30
+        out.append({"id": log["id"], "predicted_gib": predicted, "published_gib": log["needed_gib"],
+                    "error": predicted / log["needed_gib"] - 1.0, "url": log["url"]})
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--fit", action="store_true", help="refit the constants on the `fit` points")
@@ -276,6 +293,13 @@ def main(argv: list[str] | None = None) -> int:
               f"({100 * kv['error']:+.1f}%)  {kv['url']}" + (f"\n    caveat: {kv['caveat']}" if kv["caveat"] else ""))
         if kv["role"] == "holdout" and abs(kv["error"]) > TARGETS["kv_abs"]:
             unmet.append(f"KV capacity of {kv['id']} off by more than {100 * TARGETS['kv_abs']:.0f}%")
+
+    print("\nKV one request at max_model_len needs (published start-up refusal → predicted):")
+    for req in request_checks():
+        print(f"  {req['id']:36} {req['published_gib']:.2f} GiB → {req['predicted_gib']:.3f} GiB "
+              f"({100 * req['error']:+.1f}%)  {req['url']}")
+        if abs(req["error"]) > TARGETS["kv_abs"]:
+            unmet.append(f"KV one request of {req['id']} needs off by more than {100 * TARGETS['kv_abs']:.0f}%")
 
     spec_points = [p for p in points if p.k]
     coverage = {

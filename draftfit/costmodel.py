@@ -144,18 +144,29 @@ class GpuStepTime:
         return float(self.weight_bytes(1))
 
     @property
-    def kv_bytes_per_token(self) -> float:
-        kv = self.kv_dtype if self.kv_dtype is not None else self.activation_dtype
-        return self.shape.kv_bytes_per_token(dtype_bytes(kv), self.tensor_parallel_size)
+    def kv_dtype_bytes(self) -> float:
+        return dtype_bytes(self.kv_dtype if self.kv_dtype is not None else self.activation_dtype)
 
-    def memory_time(self, batched_tokens: Any, kv_tokens: Any) -> np.ndarray:
-        moved = self.weight_bytes(batched_tokens) + np.asarray(kv_tokens, float) * self.kv_bytes_per_token
+    @property
+    def kv_bytes_per_token(self) -> float:
+        return self.shape.kv_bytes_per_token(self.kv_dtype_bytes, self.tensor_parallel_size)
+
+    def kv_read_bytes(self, kv_tokens: Any, seqs: Any) -> np.ndarray:
+        """KV bytes one GPU reads in a step: every KV layer over its sequences' contexts (``kv_tokens``
+        in all, over ``seqs`` sequences), a sliding-window layer over at most its window."""
+        b = np.maximum(np.asarray(seqs, float), 1.0)
+        per_token = self.shape.kv_layers * self.shape.kv_layer_bytes(self.kv_dtype_bytes, self.tensor_parallel_size)
+        return per_token * b * self.shape.attended_tokens(np.asarray(kv_tokens, float) / b)
+
+    def memory_time(self, batched_tokens: Any, kv_tokens: Any, seqs: Any = None) -> np.ndarray:
+        b = batched_tokens if seqs is None else seqs
+        moved = self.weight_bytes(batched_tokens) + self.kv_read_bytes(kv_tokens, b)
         return moved / (self.gpu.hbm_bytes_per_s * self.constants.memory_efficiency)
 
     def compute_time(self, batched_tokens: Any, kv_tokens: Any, seqs: Any = None) -> np.ndarray:
         n = np.asarray(batched_tokens, float)
         b = n if seqs is None else np.asarray(seqs, float)
-        context = np.asarray(kv_tokens, float) / np.maximum(b, 1.0)
+        context = self.shape.attended_tokens(np.asarray(kv_tokens, float) / np.maximum(b, 1.0))
         shape = self.shape
         matmul = shape.active_params - (0.0 if shape.tied_embeddings else shape.embedding_params)
         attention = 4.0 * shape.kv_layers * shape.num_heads * shape.head_dim * n * context
@@ -176,7 +187,7 @@ class GpuStepTime:
         # the roofline prices a multi-token query, a prefill's too, through its attention FLOPs
         # (tokens × context): neither multi_query_kv nor prefill_pairs adds to them
         p = self.constants.transition_p
-        mem = self.memory_time(batched_tokens, kv_tokens)
+        mem = self.memory_time(batched_tokens, kv_tokens, seqs)
         comp = self.compute_time(batched_tokens, kv_tokens, seqs)
         gpu = (mem**p + comp**p) ** (1.0 / p)
         return self.fixed_s + gpu + self.allreduce_time(batched_tokens)

@@ -1185,10 +1185,16 @@ class ExaoneMoeMTPHead(Qwen3NextMTPHead):
 
     def __init__(self, config: HeadConfig, tensors: dict[str, Any], embed, d2t=None, *, model: dict[str, Any]):
         super().__init__(config, tensors, embed, d2t, model=model)
+        self.window = self.layer_window(model)
+
+    @staticmethod
+    def layer_window(model: dict[str, Any]) -> int | None:
+        """The MTP layer's sliding window (None: full attention), by the target's first layer type."""
         types = model.get("mtp_layer_types") or model.get("layer_types") or ["full_attention"]
         windows = model.get("mtp_sliding_windows") or model.get("sliding_windows")
-        if types[0] != "full_attention":
-            self.window = int(windows[0] if windows else model["sliding_window"])
+        if types[0] == "full_attention":
+            return None
+        return int(windows[0] if windows else model["sliding_window"])
 
     _qkv = Glm4MoeMTPHead._qkv
     _block = Eagle3Head._block

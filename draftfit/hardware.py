@@ -266,6 +266,29 @@ _GATED_QUERY_FAMILIES = _QWEN_NEXT_FAMILIES
 _TIED_BY_DEFAULT = {"gpt2", "gemma", "gemma2", "gemma3", "gemma3_text", "opt"}
 
 
+# vLLM's KV-cache block (tokens per page) on GPUs: a sliding-window layer's share is counted in blocks.
+KV_BLOCK_TOKENS = 16
+
+
+def _sliding(cfg: Mapping[str, Any], model_type: str) -> dict[str, int]:
+    """The sliding-window layers a config names (``layer_types``; where a config leaves them out, as
+    transformers derives them for its model type, e.g. gpt-oss alternating from the first layer)."""
+    window = int(cfg.get("sliding_window") or 0)
+    if not window:
+        return {}
+    kinds = cfg.get("layer_types")
+    if kinds is None:
+        try:
+            from transformers import AutoConfig
+
+            fields = {key: value for key, value in cfg.items() if key != "model_type"}
+            kinds = getattr(AutoConfig.for_model(model_type, **fields), "layer_types", None)
+        except Exception:  # noqa: BLE001 — an unknown model type or a config transformers refuses: no window read
+            kinds = None
+    count = sum(kind == "sliding_attention" for kind in kinds or ())
+    return {"sliding_layers": count, "sliding_window": window} if count else {}
+
+
 def _first(cfg: Mapping[str, Any], *keys: str, default: Any = None) -> Any:
     for key in keys:
         if cfg.get(key) is not None:
@@ -301,6 +324,8 @@ class ModelShape:
     kv_latent_dim: int = 0  # multi-head latent attention (DeepSeek, MiniCPM3): cached elements per token per layer
     attention_layers: int = 0  # layers with a KV cache where others have none (linear attention); 0: every layer
     norm_and_router_params: float = 0.0  # what vLLM keeps unquantized besides embeddings and LM head
+    sliding_layers: int = 0  # KV layers that attend to (and keep) only the last ``sliding_window`` tokens
+    sliding_window: int = 0
 
     @classmethod
     def from_config(
@@ -385,6 +410,7 @@ class ModelShape:
             kv_latent_dim=latent,
             norm_and_router_params=float(small),
             attention_layers=sum(kind not in _NO_KV_LAYERS for kind in cfg.get("layer_types") or ()),
+            **_sliding(cfg, model_type),
         )
 
     @property
@@ -436,20 +462,55 @@ class ModelShape:
         """KV heads each GPU stores: split by TP, replicated when TP exceeds the head count (as vLLM)."""
         return max(1, self.num_kv_heads // tensor_parallel_size)
 
+    @property
+    def full_kv_layers(self) -> int:
+        """The KV layers that keep every token of the context (all but the sliding-window ones)."""
+        return self.kv_layers - self.sliding_layers
+
+    def kv_layer_bytes(self, kv_dtype_bytes: float = 2.0, tensor_parallel_size: int = 1) -> float:
+        """KV-cache bytes one layer keeps per token on one GPU: 2 (K and V) · KV heads · head dim · bytes;
+        with multi-head latent attention, latent dim · bytes on every GPU (not split by TP)."""
+        if self.kv_latent_dim:
+            return float(self.kv_latent_dim * kv_dtype_bytes)
+        return 2.0 * self.kv_heads_per_gpu(tensor_parallel_size) * self.head_dim * kv_dtype_bytes
+
     def kv_bytes_per_token(
         self, kv_dtype_bytes: float = 2.0, tensor_parallel_size: int = 1
     ) -> float:
-        """KV-cache bytes per token slot on one GPU: 2 (K and V) · layers · KV heads · head dim · bytes;
-        with multi-head latent attention, layers · latent dim · bytes on every GPU (not split by TP)."""
-        if self.kv_latent_dim:
-            return float(self.kv_layers * self.kv_latent_dim * kv_dtype_bytes)
-        return (
-            2.0
-            * self.kv_layers
-            * self.kv_heads_per_gpu(tensor_parallel_size)
-            * self.head_dim
-            * kv_dtype_bytes
-        )
+        """KV-cache bytes per token of context on one GPU, over the layers that keep the whole context
+        (a sliding-window layer's KV stops growing at its window: :meth:`window_tokens`)."""
+        return self.full_kv_layers * self.kv_layer_bytes(kv_dtype_bytes, tensor_parallel_size)
+
+    def attended_tokens(self, context: Any) -> np.ndarray:
+        """Context tokens the KV layers of one sequence read in a decode step, summed over the layers,
+        per layer: ``context`` where every layer attends to all of it, less where some see only a window."""
+        ctx = np.asarray(context, float)
+        if not self.sliding_layers:
+            return ctx
+        return (self.full_kv_layers * ctx + self.sliding_layers * np.minimum(ctx, self.sliding_window)) / self.kv_layers
+
+    def window_tokens(self, tokens: int, in_flight_tokens: int = 0) -> int:
+        """Token slots vLLM holds per sequence in each sliding-window layer: the last window − 1 tokens
+        and the tokens in flight, never more than the sequence, in whole blocks plus one (the window
+        need not start at a block's start); 0 without sliding-window layers."""
+        if not self.sliding_layers:
+            return 0
+        kept = min(self.sliding_window - 1 + in_flight_tokens, tokens)
+        return (-(-kept // KV_BLOCK_TOKENS) + 1) * KV_BLOCK_TOKENS
+
+    def kv_allocation(self, tokens: int, kv_dtype_bytes: float = 2.0, tensor_parallel_size: int = 1, *,
+                      in_flight_tokens: int = 0) -> tuple[float, float]:
+        """What vLLM allocates for one sequence of ``tokens`` tokens on one GPU, as (bytes per token of
+        the layers that keep the whole context, bytes of the sliding-window layers' fixed share). Where a
+        model mixes the two kinds, vLLM groups each kind's layers into groups of one size (the smaller
+        count, or the larger where it is under 1.5× the smaller) and pads the last group of a kind:
+        padded layers take memory as their kind's layers do."""
+        full, sliding = self.full_kv_layers, self.sliding_layers
+        if full and sliding:
+            group = min(full, sliding) if max(full, sliding) >= 1.5 * min(full, sliding) else max(full, sliding)
+            full, sliding = (-(-n // group) * group for n in (full, sliding))
+        layer = self.kv_layer_bytes(kv_dtype_bytes, tensor_parallel_size)
+        return full * layer, sliding * layer * self.window_tokens(tokens, in_flight_tokens)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -17,6 +17,11 @@ V1_NO_DRAFT = ((0, 10, 0), (0, 15, 0))
 CUDA_GRAPH_MEMORY_IN_RESERVE = (0, 21, 0)
 # From this release speculative_config takes num_speculative_tokens_per_batch_size (k by batch size).
 PER_BATCH_SIZE_K = (0, 24, 0)
+# A sliding-window layer's share of a request counts two batches in flight (async scheduling's
+# max_concurrent_batches) in this release, read in its source (VllmConfig.max_in_flight_tokens);
+# vLLM 0.11 counted one (the gpt-oss-120b start-up error in benchmarks/published/kv_logs.yaml). The
+# releases between are not known: one is used for them.
+SLIDING_WINDOW_TWO_BATCHES = (0, 32, 0)
 
 
 def unknown_version_reason(version: str) -> str | None:

@@ -139,6 +139,12 @@ class VramReport:
     draft_weight_bytes: float
     kv_target_bytes_per_token: float
     kv_draft_bytes_per_token: float
+    # a sliding-window layer's KV stops growing at its window: its share per sequence, while decoding
+    kv_target_window_bytes: float
+    kv_draft_window_bytes: float
+    # what vLLM sizes one request at max_model_len by (its start-up check and "maximum concurrency")
+    kv_target_bytes_per_request: float
+    kv_draft_bytes_per_request: float
     capacity_tokens_baseline: int
     capacity_tokens_with_draft: int
     max_seqs_baseline: int
@@ -162,10 +168,18 @@ class VramReport:
     def seqs_lost(self) -> int:
         return self.max_seqs_baseline - self.max_seqs_with_draft
 
+    def kv_pool_bytes(self, *, with_draft: bool) -> tuple[float, float]:
+        """The KV-cache pool per GPU as (target's share, draft's share): the requests at max_model_len
+        the capacity holds, each sized as vLLM sizes one."""
+        if not with_draft:
+            return self.capacity_tokens_baseline / self.max_model_len * self.kv_target_bytes_per_request, 0.0
+        requests = self.capacity_tokens_with_draft / self.max_model_len
+        return requests * self.kv_target_bytes_per_request, requests * self.kv_draft_bytes_per_request
+
     @property
     def draft_kv_bytes_at_load(self) -> float:
         """Draft KV for ``concurrency`` sequences of ``tokens_per_seq`` tokens, per GPU."""
-        return self.concurrency * self.tokens_per_seq * self.kv_draft_bytes_per_token
+        return self.concurrency * (self.tokens_per_seq * self.kv_draft_bytes_per_token + self.kv_draft_window_bytes)
 
     @property
     def extra_bytes(self) -> float:
@@ -197,6 +211,7 @@ def _fit(
     free: float,
     capacity: int,
     max_model_len: int,
+    seqs: int,
     tokens_per_seq: int,
     concurrency: int,
     budget: float,
@@ -213,7 +228,6 @@ def _fit(
             f"{what}: KV capacity {capacity} tokens < max_model_len {max_model_len} "
             "(vLLM refuses to start)"
         )
-    seqs = capacity // tokens_per_seq
     if seqs < concurrency:
         return False, (
             f"{what}: room for {seqs} sequences of {tokens_per_seq} tokens, "
@@ -223,6 +237,16 @@ def _fit(
         True,
         f"{what}: fits ({seqs} sequences of {tokens_per_seq} tokens ≥ concurrency {concurrency})",
     )
+
+
+def in_flight_tokens(max_num_batched_tokens: int, vllm_version: str | None = None) -> int:
+    """Tokens vLLM counts as in flight when it sizes a sliding-window layer's share of a request:
+    a batch of ``max_num_batched_tokens`` per concurrent batch — two under async scheduling, as the
+    installed release sizes it; one where vLLM 0.11's published start-up error shows it."""
+    from draftfit.vllm_versions import SLIDING_WINDOW_TWO_BATCHES, parse_version
+
+    two = vllm_version is None or parse_version(vllm_version) >= SLIDING_WINDOW_TWO_BATCHES
+    return (2 if two else 1) * int(max_num_batched_tokens)
 
 
 def vram_report(
@@ -271,6 +295,7 @@ def vram_report(
     draft_tp = draft_tensor_parallel_size or tp
     budget = gpu_memory_utilization * hardware.gpu.memory_bytes
     kv_bytes = dtype_bytes(kv_cache_dtype if kv_cache_dtype not in (None, "auto") else activation_dtype)
+    tokens, seqs = serve_defaults(hardware.gpu.name, hardware.gpu.memory_bytes)
     if reserved_bytes is None:
         from draftfit.vllm_versions import CUDA_GRAPH_MEMORY_IN_RESERVE, parse_version
 
@@ -279,25 +304,38 @@ def vram_report(
 
             constants = gpu_constants(hardware.gpu.name)
         budget *= constants.usable_memory_fraction
-        tokens, seqs = serve_defaults(hardware.gpu.name, hardware.gpu.memory_bytes)
         graphs = vllm_version is None or parse_version(vllm_version) >= CUDA_GRAPH_MEMORY_IN_RESERVE
         reserved_bytes = non_kv_reserve_bytes(target, constants, tp, cuda_graphs=graphs,
                                               max_num_batched_tokens=max_num_batched_tokens or tokens,
                                               max_num_seqs=max_num_seqs or seqs, activation_dtype=activation_dtype)
 
     target_w = weight_bytes_per_gpu(target, target_dtype, tp, activation_dtype)
-    kv_t = target.kv_bytes_per_token(kv_bytes, tp)
     draft_w = weight_bytes_per_gpu(draft, draft_dtype, draft_tp, activation_dtype) if draft is not None else 0.0
-    kv_d = draft.kv_bytes_per_token(kv_bytes, draft_tp) if draft is not None else 0.0
+    in_flight = in_flight_tokens(max_num_batched_tokens or tokens, vllm_version)
+
+    def kv(shape: ModelShape | None, shape_tp: int, seq_tokens: int, flight: int) -> tuple[float, float]:
+        return shape.kv_allocation(seq_tokens, kv_bytes, shape_tp, in_flight_tokens=flight) if shape else (0.0, 0.0)
+
+    def decoding(shape: ModelShape | None, shape_tp: int) -> float:
+        per_token, window = kv(shape, shape_tp, tokens_per_seq, 0)
+        return per_token * tokens_per_seq + window
+
+    # vLLM sizes a request at max_model_len with a chunk in flight (start-up check, "maximum
+    # concurrency"); a decoding sequence holds its window and the few tokens of its step
+    kv_t, window_t = kv(target, tp, max_model_len, in_flight)
+    kv_d, window_d = kv(draft, draft_tp, max_model_len, in_flight)
+    seq_bytes_base = decoding(target, tp)
+    seq_bytes_with = seq_bytes_base + decoding(draft, draft_tp)
 
     free_base = budget - target_w - reserved_bytes
     free_with = free_base - draft_w
-    cap_base = _capacity(free_base, kv_t)
-    cap_with = _capacity(free_with, kv_t + kv_d)
+    cap_base = _capacity(free_base, kv_t + window_t / max_model_len)
+    cap_with = _capacity(free_with, kv_t + kv_d + (window_t + window_d) / max_model_len)
     base_ok, base_reason = _fit(
         free_base,
         cap_base,
         max_model_len,
+        _capacity(free_base, seq_bytes_base),
         tokens_per_seq,
         concurrency,
         budget,
@@ -308,6 +346,7 @@ def vram_report(
         free_with,
         cap_with,
         max_model_len,
+        _capacity(free_with, seq_bytes_with),
         tokens_per_seq,
         concurrency,
         budget,
@@ -329,6 +368,10 @@ def vram_report(
         draft_weight_bytes=draft_w,
         kv_target_bytes_per_token=kv_t,
         kv_draft_bytes_per_token=kv_d,
+        kv_target_window_bytes=kv(target, tp, tokens_per_seq, 0)[1],
+        kv_draft_window_bytes=kv(draft, draft_tp, tokens_per_seq, 0)[1],
+        kv_target_bytes_per_request=kv_t * max_model_len + window_t,
+        kv_draft_bytes_per_request=kv_d * max_model_len + window_d,
         capacity_tokens_baseline=cap_base,
         capacity_tokens_with_draft=cap_with,
         max_seqs_baseline=cap_base // max_model_len,

@@ -272,12 +272,11 @@ def predict_what_if(
                        concurrency=max(levels), tokens_per_seq=min(max_len, input_len + output_len),
                        reserved_bytes=None, constants=constants)
     capacity = vram.capacity_tokens_with_draft if draft_shape is not None else vram.capacity_tokens_baseline
-    per_token = vram.kv_target_bytes_per_token + vram.kv_draft_bytes_per_token
     vram_out = {
         "kind": "predicted",
         "kv_capacity_tokens": int(capacity),
         "kv_capacity_tokens_baseline": int(vram.capacity_tokens_baseline),
-        "kv_cache_gib": capacity * per_token / 2**30,
+        "kv_cache_gib": sum(vram.kv_pool_bytes(with_draft=draft_shape is not None)) / 2**30,
         "extra_vram_gib": float(vram.extra_gib),
         "fits": bool(vram.fits if draft_shape is not None else vram.baseline_fits),
         # a report without a draft judges the target alone

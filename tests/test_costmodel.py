@@ -400,3 +400,21 @@ def test_a_verification_pays_the_multi_query_term_on_its_context_and_a_decode_do
                          concurrency=[4], context_len=1000.0, prompt_len=300.0, output_len=50.0)
     assert p.i_spec[0, 0] == pytest.approx(no_d.i_spec[0, 0])
     assert p.speedup[0, 0] < no_d.speedup[0, 0]
+
+
+def test_a_sliding_window_layer_reads_only_its_window():
+    """gpt-oss-120b's 18 sliding-window layers read at most 128 tokens of each sequence: at a 10,128-token
+    context a step reads 18 · 10,128 + 18 · 128 layer-tokens of KV per sequence, not 36 · 10,128; within
+    the window, as many as if every layer attended to all of it."""
+    from dataclasses import replace
+
+    from test_hardware import GPT_OSS_120B
+
+    shape = ModelShape.from_config(GPT_OSS_120B)
+    unwindowed = gpu_step(replace(shape, sliding_layers=0, sliding_window=0))
+    step = gpu_step(shape)
+    layer = 2 * 8 * 64 * 2
+    assert float(step.kv_read_bytes(4 * 10_128, 4)) == 4 * layer * (18 * 10_128 + 18 * 128)
+    assert float(unwindowed.kv_read_bytes(4 * 10_128, 4)) == 4 * layer * 36 * 10_128
+    assert float(step.step_time(4, 4 * 100, 4)) == float(unwindowed.step_time(4, 4 * 100, 4))
+    assert float(step.step_time(4, 4 * 10_128, 4)) < float(unwindowed.step_time(4, 4 * 10_128, 4))

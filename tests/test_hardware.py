@@ -213,6 +213,64 @@ def test_a_hybrid_models_linear_attention_layers_keep_no_kv_cache():
     assert dense.kv_layers == 48  # no layer_types: every layer attends
 
 
+GPT_OSS_120B = {"model_type": "gpt_oss", "hidden_size": 2880, "num_hidden_layers": 36, "num_attention_heads": 64,
+                "num_key_value_heads": 8, "head_dim": 64, "vocab_size": 201088, "intermediate_size": 2880,
+                "num_local_experts": 128, "num_experts_per_tok": 4, "sliding_window": 128}
+
+
+def test_sliding_window_layers_keep_only_their_window():
+    """gpt-oss-120b alternates a 128-token window and full attention from its first layer: half its
+    layers keep the whole context, the other half 128 tokens (in 16-token blocks, one more than the
+    window needs, plus what is in flight), and they read only their window."""
+    named = ModelShape.from_config(GPT_OSS_120B | {"layer_types": ["sliding_attention", "full_attention"] * 18})
+    derived = ModelShape.from_config(GPT_OSS_120B)  # layer_types left out: as transformers derives them
+    for shape in (named, derived):
+        assert (shape.kv_layers, shape.sliding_layers, shape.full_kv_layers, shape.sliding_window) == (36, 18, 18, 128)
+    shape = named
+    assert shape.kv_bytes_per_token(2) == 18 * 2 * 8 * 64 * 2  # only the full layers grow with the context
+    assert shape.window_tokens(100_000) == (8 + 1) * 16 and shape.window_tokens(50) == (4 + 1) * 16
+    assert shape.window_tokens(100_000, in_flight_tokens=1024) == (72 + 1) * 16  # 127 + 1024 tokens
+    assert float(shape.attended_tokens(100)) == 100  # within the window every layer reads it all
+    assert float(shape.attended_tokens(10_128)) == (18 * 10_128 + 18 * 128) / 36
+    qwen2 = ModelShape.from_config({**GPT_OSS_120B, "model_type": "qwen2", "sliding_window": 4096, "use_sliding_window": False})
+    assert qwen2.sliding_layers == 0 and float(qwen2.attended_tokens(10_000)) == 10_000  # its window is off
+
+
+def test_vllm_pads_the_smaller_kind_of_layers_to_whole_groups():
+    """Gemma-3-27B: 52 sliding-window layers and 10 full ones. vLLM groups each kind by 10 layers and
+    pads the last sliding group: 60 layers' worth of window per sequence. 18 and 18 pad nothing."""
+    gemma = ModelShape.from_config({"model_type": "gemma3_text", "hidden_size": 5376, "num_hidden_layers": 62,
+                                    "num_attention_heads": 32, "num_key_value_heads": 16, "head_dim": 128,
+                                    "vocab_size": 262208, "intermediate_size": 21504, "sliding_window": 1024,
+                                    "sliding_window_pattern": 6})
+    assert (gemma.sliding_layers, gemma.full_kv_layers) == (52, 10)
+    layer = 2 * 16 * 128 * 2
+    assert gemma.kv_allocation(32_768, 2) == (10 * layer, 60 * layer * (64 + 1) * 16)
+    oss = ModelShape.from_config(GPT_OSS_120B)
+    assert oss.kv_allocation(32_768, 2) == (18 * 2048, 18 * 2048 * (8 + 1) * 16)
+
+
+def test_an_mtp_layer_keeps_one_layers_kv_of_its_own_kind():
+    """Qwen3-Next's MTP layer is one full-attention layer: one layer's KV, not its target's 12
+    attention layers'; K-EXAONE's attends over its target's first layer's sliding window."""
+    from draftfit.methods import get_method
+
+    qwen3_next = {"architectures": ["Qwen3NextForCausalLM"], "model_type": "qwen3_next", "hidden_size": 2048,
+                  "num_hidden_layers": 48, "num_attention_heads": 16, "num_key_value_heads": 2, "head_dim": 256,
+                  "vocab_size": 151936, "intermediate_size": 5120, "num_nextn_predict_layers": 1,
+                  "layer_types": [kind for _ in range(12) for kind in ("linear_attention",) * 3 + ("full_attention",)]}
+    mtp = get_method("mtp").draft_shape(qwen3_next, "Qwen3-Next MTP")
+    assert (mtp.kv_layers, mtp.sliding_layers) == (1, 0)
+    assert mtp.kv_bytes_per_token(2) == 2 * 2 * 256 * 2
+    exaone = {"architectures": ["ExaoneMoeForCausalLM"], "model_type": "exaone_moe", "hidden_size": 256,
+              "num_hidden_layers": 4, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 64,
+              "vocab_size": 1000, "intermediate_size": 512, "num_nextn_predict_layers": 1, "sliding_window": 128,
+              "layer_types": ["sliding_attention"] * 3 + ["full_attention"]}
+    mtp = get_method("mtp").draft_shape(exaone, "K-EXAONE MTP")
+    assert (mtp.kv_layers, mtp.sliding_layers, mtp.sliding_window) == (1, 1, 128)
+    assert get_method("mtp").draft_shape({**exaone, "layer_types": ["full_attention"] * 4}, "x").sliding_layers == 0
+
+
 def test_mixture_of_experts_active_params():
     cfg = {
         "model_type": "mixtral",

@@ -220,3 +220,38 @@ def test_the_budget_is_the_memory_the_driver_reports_and_graphs_follow_the_relea
                                                                      max_num_seqs=1024))
     free = 0.9 * H100.memory_bytes * constants.usable_memory_fraction - new.target_weight_bytes - new.reserved_bytes
     assert new.capacity_tokens_baseline == int(free // new.kv_target_bytes_per_token)
+
+
+def test_one_gpt_oss_request_needs_what_vllm_said_it_needs():
+    """vLLM 0.11 refused gpt-oss-120b at 131072 tokens with --max-num-batched-tokens 1024: "4.54 GiB
+    KV cache is needed" (published, vLLM issue 27508). The full layers keep 131072 tokens, the
+    sliding ones 127 + 1024 in blocks; counted as full, every layer would need 9 GiB. The installed
+    release counts two batches in flight (async scheduling)."""
+    from test_hardware import GPT_OSS_120B
+
+    shape = ModelShape.from_config(GPT_OSS_120B)
+    hw = Hardware(H100, count=1, tensor_parallel_size=1)
+
+    def needs(version):
+        return vram_report(hw, shape, None, max_model_len=131_072, max_num_batched_tokens=1024,
+                           vllm_version=version).kv_target_bytes_per_request / GIB
+
+    assert round(needs("0.11.0"), 2) == 4.54
+    assert needs("0.32.0") == (18 * 131_072 + 18 * (-(-(127 + 2048) // 16) + 1) * 16) * 2048 / GIB
+    assert 2 * 18 * 131_072 * 2048 / GIB == 9.0  # what the layers would need without their window
+
+
+def test_decoding_sequences_hold_their_window_not_a_prefill_chunk():
+    """Capacity at max_model_len counts a request as vLLM sizes it at start-up (a chunk in flight);
+    whether ``concurrency`` sequences fit counts the window a decoding sequence holds."""
+    from test_hardware import GPT_OSS_120B
+
+    shape = ModelShape.from_config(GPT_OSS_120B)
+    rep = vram_report(Hardware(H100, count=1, tensor_parallel_size=1), shape, None, target_dtype=0.5,
+                      max_model_len=8192, concurrency=1, reserved_bytes=0.0, max_num_batched_tokens=8192)
+    free = rep.budget_bytes - rep.target_weight_bytes
+    assert rep.kv_target_window_bytes == 18 * 2048 * (8 + 1) * 16
+    # the window's share reaches the whole request (and the block after it)
+    assert rep.kv_target_bytes_per_request == 18 * 2048 * (8192 + (512 + 1) * 16)
+    assert rep.max_seqs_baseline == int(free // rep.kv_target_bytes_per_request)
+    assert f"fits ({int(free // (18 * 2048 * 8192 + rep.kv_target_window_bytes))} sequences" in rep.fit_reason

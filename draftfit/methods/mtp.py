@@ -101,10 +101,15 @@ class MTP(EagleFamily):
         from draftfit.eagle_head import MTP_LAYOUTS, mtp_layout
 
         layers = mtp_layer_count(config) or 1
-        if getattr(MTP_LAYOUTS.get(mtp_layout(config)), "DENSE", False):  # dense whatever the target's MLPs
+        layout = MTP_LAYOUTS.get(mtp_layout(config))
+        if getattr(layout, "DENSE", False):  # dense whatever the target's MLPs
             config = {**config, "num_local_experts": 0}
+        # every MTP layer attends (a hybrid target's linear-attention kinds are not its), over a
+        # window only where the layout's layer has one
+        window = getattr(layout, "layer_window", lambda _: None)(config)
+        kinds = {"layer_types": ["sliding_attention" if window else "full_attention"] * layers, "sliding_window": window}
         # the MTP layers come after every target layer: experts wherever the target's later layers have them
-        shape = super(EagleFamily, self).draft_shape({**config, "num_hidden_layers": layers, "first_k_dense_replace": 0}, name)
+        shape = super(EagleFamily, self).draft_shape({**config, **kinds, "num_hidden_layers": layers, "first_k_dense_replace": 0}, name)
         return with_extra_params(shape, layers * 2.0 * shape.hidden_size * shape.hidden_size)
 
     def label(self, draft: dict[str, Any]) -> str:

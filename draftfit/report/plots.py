@@ -216,10 +216,17 @@ def vram_stack_figure(results: Results):
     if not rows:
         return None
     first = rows[0][1]
-    bars = [("no speculation", first["target_weight_bytes"], 0.0, first["capacity_tokens_baseline"] * first["kv_target_bytes_per_token"], 0.0)]
+
+    def pool(v: dict, with_draft: bool) -> tuple[float, float]:
+        length = v["max_model_len"]
+        requests = v["capacity_tokens_with_draft" if with_draft else "capacity_tokens_baseline"] / length
+        # results written before sliding windows were modelled size a request by its tokens alone
+        target, draft = (v.get(f"kv_{who}_bytes_per_request", v[f"kv_{who}_bytes_per_token"] * length) for who in ("target", "draft"))
+        return requests * target, requests * draft * with_draft
+
+    bars = [("no speculation", first["target_weight_bytes"], 0.0, *pool(first, False))]
     for name, v in rows:
-        cap = v["capacity_tokens_with_draft"]
-        bars.append((name, v["target_weight_bytes"], v["draft_weight_bytes"], cap * v["kv_target_bytes_per_token"], cap * v["kv_draft_bytes_per_token"]))
+        bars.append((name, v["target_weight_bytes"], v["draft_weight_bytes"], *pool(v, True)))
     fig = _figure(height=1.2 + 0.4 * len(bars))
     ax = _axes(fig, "Memory budget per GPU", "predicted")
     parts = (("target weights", "#4c72b0"), ("draft weights", "#dd8452"), ("target KV pool", "#a6c8ec"), ("draft KV pool", "#f6c28b"))
@@ -251,7 +258,7 @@ def extra_vram_figure(results: Results):
     with _mpl().rc_context(STYLE):
         y = list(range(len(rows)))[::-1]
         weights = [v["draft_weight_bytes"] / GIB for _, v in rows]
-        kv = [v["concurrency"] * v["tokens_per_seq"] * v["kv_draft_bytes_per_token"] / GIB for _, v in rows]
+        kv = [v["draft_kv_bytes_at_load"] / GIB for _, v in rows]
         ax.barh(y, weights, color="#dd8452", height=0.62, label="draft weights")
         ax.barh(y, kv, left=weights, color="#f6c28b", height=0.62, label="draft KV at full load")
         ax.set_yticks(y)
