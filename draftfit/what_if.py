@@ -148,10 +148,28 @@ def model_config(spec: str, *, trust_remote_code: bool = False) -> tuple[dict[st
         raise DraftfitError(f"config.json is not readable JSON ({exc})", where=spec, fix="Fix or replace config.json") from exc
 
 
+MODELLED_QUANTIZATION = ("fp8", "awq", "gptq")
+
+
+def unmodelled_quantization(config: dict[str, Any]) -> str | None:
+    """The checkpoint's quantization method where the weight model does not know it (None: it does)."""
+    quant = (config.get("quantization_config") or {}).get("quant_method")
+    return None if quant in (None, *MODELLED_QUANTIZATION) else str(quant)
+
+
+def quantization_notes(role: str, config: dict[str, Any], dtype: str) -> list[str]:
+    """A note where the ``role`` model's quantization is not modelled and its weights are read as ``dtype``."""
+    quant = unmodelled_quantization(config)
+    if quant is None:
+        return []
+    return [f"weights: the {role}'s {quant} quantization is not modelled; its weights are read as {dtype}, so "
+            "their memory and read time are overstated and the KV capacity understated"]
+
+
 def weight_dtype(config: dict[str, Any]) -> str:
     """What the checkpoint's weights are stored in: its quantization method, else its torch dtype."""
     quant = (config.get("quantization_config") or {}).get("quant_method")
-    if quant in ("fp8", "awq", "gptq"):
+    if quant in MODELLED_QUANTIZATION:
         return str(quant)
     dtype = str(config.get("torch_dtype") or config.get("dtype") or "bfloat16")
     return "fp16" if dtype in ("float16", "half") else "fp32" if dtype == "float32" else "bf16"
@@ -217,6 +235,7 @@ def predict_what_if(
     max_len = int(max_model_len or target_config.get("max_position_embeddings") or input_len + output_len)
     levels = tuple(sorted(set(int(c) for c in concurrency)))
     notes: list[str] = [calibration_note(constants, concurrency=max(concurrency), tensor_parallel_size=tp)]
+    notes += quantization_notes("target", target_config, target_dtype)
 
     draft_shape, draft_dtype, draft_name = None, target_dtype, None
     if speculating:
@@ -230,6 +249,7 @@ def predict_what_if(
             draft_config, draft_name = model_config(draft, trust_remote_code=trust_remote_code)
             draft_shape = spec_method.draft_shape(draft_config, draft_name)
             draft_dtype = weight_dtype(draft_config)
+            notes += quantization_notes("draft", draft_config, draft_dtype)
             draft_cost = ModelDraftCost(GpuStepTime(hardware.gpu, draft_shape, constants, tp, draft_dtype, kv_dtype,
                                                     role=method))
         else:

