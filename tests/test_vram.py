@@ -250,11 +250,11 @@ def test_decoding_sequences_hold_their_window_not_a_prefill_chunk():
     rep = vram_report(Hardware(H100, count=1, tensor_parallel_size=1), shape, None, target_dtype=0.5,
                       max_model_len=8192, concurrency=1, reserved_bytes=0.0, max_num_batched_tokens=8192)
     free = rep.budget_bytes - rep.target_weight_bytes
-    assert rep.kv_target_window_bytes == 18 * 2048 * (8 + 1) * 16
+    assert rep.kv_target_fixed_bytes == 18 * 2048 * (8 + 1) * 16
     # the window's share reaches the whole request (and the block after it)
     assert rep.kv_target_bytes_per_request == 18 * 2048 * (8192 + (512 + 1) * 16)
     assert rep.max_seqs_baseline == int(free // rep.kv_target_bytes_per_request)
-    assert f"fits ({int(free // (18 * 2048 * 8192 + rep.kv_target_window_bytes))} sequences" in rep.fit_reason
+    assert f"fits ({int(free // (18 * 2048 * 8192 + rep.kv_target_fixed_bytes))} sequences" in rep.fit_reason
 
 
 @pytest.mark.engine
@@ -285,4 +285,37 @@ def test_the_installed_vllm_sizes_a_sliding_window_request_as_predicted(tmp_path
     predicted = (per_token * 1024 + window) / block
     assert predicted == 8 + 4
     assert cache.num_gpu_blocks / cache.kv_cache_max_concurrency == pytest.approx(predicted)  # vLLM's own
+    engine_slot.release()
+
+
+@pytest.mark.engine
+def test_the_installed_vllm_sizes_a_hybrid_request_and_its_speculative_state_as_predicted(
+        tmp_path, engine_slot, smollm2_model):
+    """vllm-cpu started on a tiny Qwen3-Next target (a gated delta-net layer and a full-attention one,
+    bfloat16): the layer's state (3 + k convolution rows of 512 channels in bf16, 4 heads of 64 × 64
+    in float32) sets the attention block to 256 tokens; one 1,024-token request is the attention
+    layer's 4 blocks and one state page — 5. With its MTP layer at k = 2 the layer joins the attention
+    layers (4 more blocks) and the state keeps 1 + 2 pages — 11, where the attention alone gives 4 + 4."""
+    pytest.importorskip("vllm")
+    import tiny_mtp_targets
+
+    from draftfit.engines.vllm_engine import VLLMEngine
+    from draftfit.methods import get_method
+    from draftfit.vram import VLLM_CPU
+
+    target = tiny_mtp_targets.build(tmp_path / "qwen3_next", smollm2_model, "qwen3_next")
+    raw = json.loads((target / "config.json").read_text())
+    shape, mtp = ModelShape.from_config(raw), get_method("mtp").draft_shape(raw, "MTP")
+    for k, blocks in ((0, 5), (2, 11)):
+        spec = {"speculative_config": {"method": "mtp", "num_speculative_tokens": k}} if k else {}
+        engine = engine_slot.acquire(("hybrid", str(target), k), lambda spec=spec: VLLMEngine(
+            target, dtype="bfloat16", max_model_len=1024, max_num_batched_tokens=256, progress=False, **spec))
+        cache = engine.llm.llm_engine.vllm_config.cache_config
+        rep = vram_report(Hardware(H100, count=1, tensor_parallel_size=1), shape, mtp if k else None, max_model_len=1024,
+                          reserved_bytes=0.0, max_num_batched_tokens=256, num_speculative_tokens=k, layout=VLLM_CPU)
+        block = 128 * -(-shape.recurrent.page_bytes(2.0, 1, k, 4.0) // (128 * shape.kv_layer_bytes(2.0)))
+        assert block == cache.block_size == 256
+        predicted = (rep.kv_target_bytes_per_request + rep.kv_draft_bytes_per_request) / (block * shape.kv_layer_bytes(2.0))
+        assert predicted == blocks
+        assert cache.num_gpu_blocks / cache.kv_cache_max_concurrency == pytest.approx(predicted)  # vLLM's own
     engine_slot.release()
