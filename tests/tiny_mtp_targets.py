@@ -49,6 +49,14 @@ DTYPE = dict.fromkeys((*QWEN_FAMILIES, "qwen3_5_text"), "bfloat16")  # by family
 # DeepSeek-V3's and ERNIE-4.5's at 0.02 learn slowly too (AL 1.32 after 600 steps; 1.19 after 500): at
 # 0.002 every family passes AL 1.5 in 500 steps (DeepSeek-V3 1.54, ERNIE-4.5 1.63), half the steps before.
 INIT = dict.fromkeys(FAMILIES, 0.002)
+# Steps of MTP-layer training per family (AL at k=3 on the held-back prompts). 250 where the layer
+# learns fast and a mutated layer lands as far from the right one as after 500: Qwen3-Next 2.40 (the
+# norms read as w: 1.00; RoPE on the whole head +0.2%, −0.5% after 500), GLM-4.5 1.74 (RoPE on the
+# whole head +0.3%, −0.9% after 500), K-EXAONE 1.56 (its norms read as 1 + w −4.0%, −5.3% after 500;
+# no window −0.3%, −0.8%). 500 elsewhere: the latent-attention layers learn slowest (GLM-4.7-Flash
+# 1.37 after 250, near the tests' 1.3 floor; DeepSeek-V3 1.54 after 500), and ERNIE-4.5's after 250
+# (1.47) no longer parts from one read with the target's final norm (+0.3%; −1.9% after 500).
+TRAINING_STEPS = dict.fromkeys((*FAMILIES, "qwen3_5_text"), 500) | dict.fromkeys(("qwen3_next", "glm4_moe", "exaone_moe"), 250)
 COMMON = {"vocab_size": 49152, "hidden_size": HIDDEN, "intermediate_size": 512, "moe_intermediate_size": 128,
           "num_hidden_layers": LAYERS, "num_experts_per_tok": 2, "norm_topk_prob": True, "tie_word_embeddings": False,
           "bos_token_id": 1, "eos_token_id": 2}
