@@ -13,7 +13,9 @@ share of every slot. Per GPU, as vLLM's profile run computes it (``determine_ava
 ``kv_cache_dtype`` "auto" is the activation dtype, not the weights' quantization. Quantized weights
 count the embeddings, LM head, norms and routers at the activation dtype (vLLM keeps them
 unquantized). The draft's weights and KV are at the draft's tensor-parallel size; an EAGLE or MTP
-head's own KV (its layers) is the head's shape's.
+head's own KV (its layers) is the head's shape's. Sliding-window layers and a hybrid model's
+linear-attention state hold a fixed share per sequence instead (:meth:`ModelShape.kv_allocation`):
+capacity is then vLLM's — its maximum concurrency at max_model_len × max_model_len.
 """
 
 from __future__ import annotations
@@ -381,16 +383,16 @@ def vram_report(
         return rate, fixed, both[0] - rate, both[1] - fixed
 
     # vLLM sizes a request at max_model_len with a chunk in flight (start-up check, "maximum
-    # concurrency"); a decoding sequence holds its window and the few tokens of its step
-    kv_t, window_t, kv_d, window_d = shares(max_model_len, in_flight)
+    # concurrency"); a decoding sequence holds its window (and state) and the few tokens of its step
+    kv_t, fixed_t, kv_d, fixed_d = shares(max_model_len, in_flight)
     decode = shares(tokens_per_seq, 0)
     seq_bytes_base = decode[0] * tokens_per_seq + decode[1]
     seq_bytes_with = seq_bytes_base + decode[2] * tokens_per_seq + decode[3]
 
     free_base = budget - target_w - reserved_bytes
     free_with = free_base - draft_w
-    cap_base = _capacity(free_base, kv_t + window_t / max_model_len)
-    cap_with = _capacity(free_with, kv_t + kv_d + (window_t + window_d) / max_model_len)
+    cap_base = _capacity(free_base, kv_t + fixed_t / max_model_len)
+    cap_with = _capacity(free_with, kv_t + kv_d + (fixed_t + fixed_d) / max_model_len)
     base_ok, base_reason = _fit(
         free_base,
         cap_base,
@@ -430,8 +432,8 @@ def vram_report(
         kv_draft_bytes_per_token=kv_d,
         kv_target_fixed_bytes=decode[1],
         kv_draft_fixed_bytes=decode[3],
-        kv_target_bytes_per_request=kv_t * max_model_len + window_t,
-        kv_draft_bytes_per_request=kv_d * max_model_len + window_d,
+        kv_target_bytes_per_request=kv_t * max_model_len + fixed_t,
+        kv_draft_bytes_per_request=kv_d * max_model_len + fixed_d,
         capacity_tokens_baseline=cap_base,
         capacity_tokens_with_draft=cap_with,
         max_seqs_baseline=cap_base // max_model_len,
