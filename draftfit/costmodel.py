@@ -147,10 +147,6 @@ class GpuStepTime:
     def kv_dtype_bytes(self) -> float:
         return dtype_bytes(self.kv_dtype if self.kv_dtype is not None else self.activation_dtype)
 
-    @property
-    def kv_bytes_per_token(self) -> float:
-        return self.shape.kv_bytes_per_token(self.kv_dtype_bytes, self.tensor_parallel_size)
-
     def kv_read_bytes(self, kv_tokens: Any, seqs: Any) -> np.ndarray:
         """KV bytes one GPU reads in a step: every KV layer over its sequences' contexts (``kv_tokens``
         in all, over ``seqs`` sequences), a sliding-window layer over at most its window."""

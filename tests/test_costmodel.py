@@ -232,7 +232,7 @@ def test_quantized_weights_keep_embeddings_and_head_in_bf16():
     lm_head = 128_256 * 4096
     matmuls = LLAMA_8B.streamed_params - lm_head - LLAMA_8B.norm_and_router_params
     assert fp8.weight_bytes_per_step == pytest.approx(matmuls * 1 + (lm_head + LLAMA_8B.norm_and_router_params) * 2)
-    assert fp8.kv_bytes_per_token == gpu_step().kv_bytes_per_token  # KV "auto" is the activation dtype
+    assert fp8.kv_dtype_bytes == gpu_step().kv_dtype_bytes == 2  # KV "auto" is the activation dtype
 
 
 def test_70b_with_8b_draft_stops_paying_at_high_concurrency():
