@@ -553,12 +553,12 @@ class ModelShape:
         1 + ``spec_tokens`` pages per sequence, 2 + ``spec_tokens`` with ``prefix_caching`` (vLLM's
         default for hybrid models), and the context's blocks are whole blocks of that size."""
         state = self.recurrent
-        kinds = [n for n in (self.full_kv_layers, self.sliding_layers, state.layers if state else 0) if n]
+        counts = (self.full_kv_layers, self.sliding_layers, state.layers if state else 0)
+        kinds = [n for n in counts if n]
         group = min(kinds)
         if max(kinds) < 1.5 * group:
             group = max(kinds)
-        full, sliding, recurrent = (-(-n // group) * group if len(kinds) > 1 else n
-                                    for n in (self.full_kv_layers, self.sliding_layers, state.layers if state else 0))
+        full, sliding, recurrent = (-(-n // group) * group if len(kinds) > 1 else n for n in counts)
         layer = self.kv_layer_bytes(kv_dtype_bytes, tensor_parallel_size)
         fixed = sliding * layer * self.window_tokens(tokens, in_flight_tokens, block_tokens)
         if state is not None:
