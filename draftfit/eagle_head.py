@@ -48,7 +48,8 @@ DeepSeek-V3's and GLM-4.5's MTP layers (``deepseek_mtp.py``, ``glm4_moe_mtp.py``
 they read the target's *normed* last hidden state, project ``[embedding, state]`` (the other order
 from MiMo's) into a decoder layer of their family (latent or grouped-query attention, experts), and
 feed back their normed output (DeepSeek) or the sum before that norm (GLM); GLM-4.7-Flash's
-(``glm4_moe_lite_mtp.py``, :class:`Glm4MoeLiteMTPHead`) is DeepSeek's layer fed back as GLM's. Qwen3-Next's
+(``glm4_moe_lite_mtp.py``, :class:`Glm4MoeLiteMTPHead`) is DeepSeek's layer fed back as GLM's, Hunyuan 3's
+(``hy_v3_mtp.py``, :class:`HyV3MTPHead`) DeepSeek's reading through HY V3's layer. Qwen3-Next's
 (``qwen3_next_mtp.py``, :class:`Qwen3NextMTPHead`) is read as ``mtp.*``: the same reading through
 its own ``fc``, one of the target's full-attention layers (a gated query), its normed output fed back.
 """
@@ -187,12 +188,13 @@ GLM_LITE_MTP_ARCHITECTURE = "Glm4MoeLiteForCausalLM"  # GLM-4.7-Flash: vLLM's gl
 QWEN3_NEXT_MTP_ARCHITECTURE = "Qwen3NextForCausalLM"  # vLLM's qwen3_next_mtp
 ERNIE_MTP_ARCHITECTURE = "Ernie4_5_MoeForCausalLM"  # ERNIE-4.5's MoE models: vLLM's ernie_mtp
 EXAONE_MOE_MTP_ARCHITECTURES = ("ExaoneMoeForCausalLM", "ExaoneMoEForCausalLM")  # K-EXAONE: vLLM's exaone_moe_mtp
+HY_V3_MTP_ARCHITECTURE = "HYV3ForCausalLM"  # Hunyuan 3 (Hy3): vLLM's hy_v3_mtp
 # vLLM's qwen3_5_mtp: the multimodal checkpoints Qwen3.5 ships and text-only ones, dense and MoE
 QWEN3_5_MTP_ARCHITECTURES = ("Qwen3_5ForConditionalGeneration", "Qwen3_5MoeForConditionalGeneration",
                              "Qwen3_5ForCausalLM", "Qwen3_5MoeForCausalLM")
 OFFLINE_MTP_LAYOUTS = ("MiMo's (vLLM's mimo_mtp), DeepSeek-V3's (deepseek_mtp), GLM-4.5's (glm4_moe_mtp), "
                        "GLM-4.7-Flash's (glm4_moe_lite_mtp), Qwen3-Next's (qwen3_next_mtp), Qwen3.5's "
-                       "(qwen3_5_mtp), ERNIE-4.5's (ernie_mtp) and K-EXAONE's (exaone_moe_mtp)")
+                       "(qwen3_5_mtp), ERNIE-4.5's (ernie_mtp), K-EXAONE's (exaone_moe_mtp) and Hunyuan 3's (hy_v3_mtp)")
 
 
 def mtp_layout(raw: dict[str, Any]) -> str | None:
@@ -209,6 +211,8 @@ def mtp_layout(raw: dict[str, Any]) -> str | None:
     if arch in EXAONE_MOE_MTP_ARCHITECTURES and raw.get("model_type") == "exaone_moe" and not any(
             (raw.get("swiglu_limits") or [0])[:1]):  # a clamped SwiGLU: a GPU kernel, not modelled
         return arch
+    if arch == HY_V3_MTP_ARCHITECTURE and raw.get("model_type") == "hy_v3" and not raw.get("use_cla"):
+        return arch  # with cross-layer attention vLLM's layer shares another's keys and values
     return None
 
 
@@ -229,7 +233,7 @@ def _mtp_config(raw: dict[str, Any], directory: Path) -> HeadConfig:
     if arch in (DEEPSEEK_MTP_ARCHITECTURE, GLM_LITE_MTP_ARCHITECTURE):
         fields = _deepseek_fields(raw, directory)
     elif arch in (GLM_MTP_ARCHITECTURE, QWEN3_NEXT_MTP_ARCHITECTURE, ERNIE_MTP_ARCHITECTURE, *QWEN3_5_MTP_ARCHITECTURES,
-                  *EXAONE_MOE_MTP_ARCHITECTURES):
+                  *EXAONE_MOE_MTP_ARCHITECTURES, HY_V3_MTP_ARCHITECTURE):
         fields = _layer_fields(raw, directory)
         if arch in (QWEN3_NEXT_MTP_ARCHITECTURE, *QWEN3_5_MTP_ARCHITECTURES) and (raw.get("layer_scale") or raw.get("attn_output_gate") is False):
             raise DraftfitError("a Qwen3-Next or Qwen3.5 layer with layer_scale or without its attention output gate is not "
@@ -1200,6 +1204,59 @@ class ExaoneMoeMTPHead(Qwen3NextMTPHead):
     _block = Eagle3Head._block
 
 
+class HyV3MTPHead(EhProjMTPHead):
+    """A Hunyuan 3 (HY V3) target's MTP layer (vLLM's ``hy_v3_mtp.py``), chained as an EAGLE head is.
+
+    Read as DeepSeek's is (``model.layers.{L}.*``; ``eh_proj([enorm(embed(token)), hnorm(state)])``,
+    the embedding zeroed at position 0; the target's normed last state first), through HY V3's
+    decoder layer: grouped-query attention without biases, per-head q/k norms (where ``qk_norm``)
+    before neox RoPE over the whole head; a dense MLP below ``first_k_dense_replace``, else
+    sigmoid-scored experts (``expert_bias`` for choosing only, renormalised where ``route_norm``,
+    times ``router_scaling_factor``) plus the shared MLP. ``final_layernorm`` of the residual sum is
+    both what the LM head reads — the target's ``lm_head``, not the checkpoint's ``shared_head`` —
+    and the next step's state.
+    """
+
+    PARAMS = (*EhProjMTPHead.PARAMS, "q_proj", "k_proj", "v_proj")
+    FAMILY = "Hunyuan 3"
+    # the checkpoint's MoE names → the ones the experts' code reads (DeepSeek's)
+    NAMES = {"router.gate": "gate", "expert_bias": "gate.e_score_correction_bias", "shared_mlp.": "shared_experts."}
+
+    def __init__(self, config: HeadConfig, tensors: dict[str, Any], embed, d2t=None, *, model: dict[str, Any]):
+        super().__init__(config, tensors, embed, d2t, model=model)
+        m = model
+        layer = int(m["num_hidden_layers"])  # vLLM builds the layer by its index, as the target's
+        self.moe = int(m.get("num_experts") or 0) > 1 and layer >= int(m.get("first_k_dense_replace") or 0)
+        # vLLM reads route_norm without a default; Hy3's config names it
+        self.routing |= {"groups": 1, "topk_group": 1, "scoring": "sigmoid", "renormalize": bool(m.get("route_norm", True)),
+                         "scale": float(m.get("router_scaling_factor") or 1.0)}
+        self._partial_rotary(model, default=1.0)
+
+    @classmethod
+    def _attention_params(cls, raw: dict[str, Any]) -> tuple[str, ...]:
+        return ("q_norm", "k_norm") if raw.get("qk_norm") else ()
+
+    @classmethod
+    def load(cls, directory: Path, target_dir: Path | None = None) -> HyV3MTPHead:
+        """The first MTP layer of the checkpoint ``directory``, with its embeddings and LM head."""
+        directory = Path(directory)
+        config, raw = read_config(directory, cls.METHOD)
+        prefix = f"model.layers.{int(raw['num_hidden_layers'])}."
+        named = {}
+        for key, value in _layer_tensors(directory, prefix).items():
+            if key.startswith(("embed_tokens", "shared_head")):  # vLLM uses the target's
+                continue
+            if key in ("q_norm", "k_norm") and not raw.get("qk_norm"):  # vLLM leaves them unread
+                continue
+            for old, new in cls.NAMES.items():
+                if key.startswith(old):
+                    key = new + key.removeprefix(old)
+            named[key] = value
+        return cls._complete(cls(config, named, target_embeddings(directory), model=raw), raw, directory, f"{prefix}*")
+
+    _qkv = Glm4MoeMTPHead._qkv
+
+
 class GatedResidual(NamedTuple):
     """A layer's residual with the attention's output gate (Qwen3-Next's), from q/k/v to the block."""
 
@@ -1235,7 +1292,7 @@ MTP_LAYOUTS = {MTP_ARCHITECTURE: MTPHead, DEEPSEEK_MTP_ARCHITECTURE: DeepSeekMTP
                GLM_LITE_MTP_ARCHITECTURE: Glm4MoeLiteMTPHead, QWEN3_NEXT_MTP_ARCHITECTURE: Qwen3NextMTPHead,
                ERNIE_MTP_ARCHITECTURE: ErnieMTPHead,
                **dict.fromkeys(QWEN3_5_MTP_ARCHITECTURES, Qwen3_5MTPHead),
-               **dict.fromkeys(EXAONE_MOE_MTP_ARCHITECTURES, ExaoneMoeMTPHead)}
+               **dict.fromkeys(EXAONE_MOE_MTP_ARCHITECTURES, ExaoneMoeMTPHead), HY_V3_MTP_ARCHITECTURE: HyV3MTPHead}
 
 
 def load_head(directory: Path, target_dir: Path | None = None, method: str | None = None) -> Eagle3Head:

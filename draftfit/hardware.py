@@ -618,7 +618,8 @@ def _estimate_params(
     dense_layers = min(int(first_moe or 0), layers) if n_experts else layers
     moe_layers = layers - dense_layers
     if n_experts:
-        expert_width = int(_first(cfg, "moe_intermediate_size", default=intermediate))
+        # Hy3 names its experts' width expert_hidden_dim (what vLLM reads), transformers moe_intermediate_size
+        expert_width = int(_first(cfg, "expert_hidden_dim", "moe_intermediate_size", default=intermediate))
         router = hidden * n_experts
         shared_width = int(_first(cfg, "shared_expert_intermediate_size", default=0) or 0)
         shared = mlp(shared_width) + hidden if shared_width else 0  # shared expert + its gate (Qwen-MoE)
@@ -641,7 +642,7 @@ def _estimate_params(
     dense = dense_layers * mlp(intermediate)
     total = embed + head + final_norm + positions + layers * (attn + norms) + dense + moe_layers * mlp_total
     active = embed + head + final_norm + positions + layers * (attn + norms) + dense + moe_layers * mlp_active
-    experts = moe_layers * n_experts * mlp(int(_first(cfg, "moe_intermediate_size", default=intermediate))) if n_experts else 0
+    experts = moe_layers * n_experts * mlp(expert_width) if n_experts else 0
     small = final_norm + layers * norms + moe_layers * (hidden * n_experts if n_experts else 0)
     return float(total), float(active), float(experts), float(small)
 

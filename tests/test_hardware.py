@@ -371,6 +371,28 @@ def test_ernie_4_5s_experts_and_its_dense_mtp_layer():
     assert mtp.num_experts == 0 and mtp.params == pytest.approx(layer + 2 * h * h + 103424 * h, rel=0.01)
 
 
+HY3_PREVIEW = {  # transformers' HYV3Config defaults ("tencent/Hy3-preview"), with the keys vLLM reads in their place
+    "architectures": ["HYV3ForCausalLM"], "model_type": "hy_v3", "hidden_size": 4096, "intermediate_size": 13312,
+    "num_hidden_layers": 80, "num_attention_heads": 64, "num_key_value_heads": 8, "head_dim": 128,
+    "vocab_size": 120832, "tie_word_embeddings": False, "num_experts": 192, "num_experts_per_tok": 8,
+    "num_shared_experts": 1, "expert_hidden_dim": 1536, "first_k_dense_replace": 1, "qk_norm": True,
+    "route_norm": True, "num_nextn_predict_layers": 1,
+}
+
+
+def test_hy3s_experts_by_the_width_vllm_reads_and_its_mtp_layer():
+    """Published (Tencent's Hy3-preview model card, as reported at its release): "295B total
+    parameters", "21B activated", "3.8B MTP layer". vLLM sizes Hy3's experts by ``expert_hidden_dim``;
+    a config without transformers' ``moe_intermediate_size`` is sized by it too."""
+    from draftfit.methods import get_method
+
+    shape = ModelShape.from_config(HY3_PREVIEW)
+    assert shape.params == pytest.approx(295e9, rel=0.02)
+    assert shape.active_params == pytest.approx(21e9, rel=0.05)
+    mtp = get_method("mtp").draft_shape(HY3_PREVIEW, "Hy3 MTP")  # one MoE layer; it shares the target's embedding and head
+    assert mtp.params - 2 * 120832 * 4096 == pytest.approx(3.8e9, rel=0.03)
+
+
 def test_given_param_count_wins():
     shape = ModelShape.from_config(load_config("llama-3.1-8b-config.json"), params=8.0e9)
     assert shape.params == 8.0e9 and shape.params_source == "given"

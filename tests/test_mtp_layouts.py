@@ -1,4 +1,4 @@
-"""DeepSeek-V3's, GLM-4.5's, GLM-4.7-Flash's, Qwen3-Next's, ERNIE-4.5's and K-EXAONE's MTP layouts
+"""DeepSeek-V3's, GLM-4.5's, GLM-4.7-Flash's, Qwen3-Next's, ERNIE-4.5's, K-EXAONE's and Hunyuan 3's MTP layouts
 offline (latent, grouped-query, gated or sliding-window attention, mixtures of experts, dense layers)
 against vLLM's own counters, on tiny targets of
 each family built and trained in the session (tests/tiny_mtp_targets.py); Qwen3.5's against
@@ -19,6 +19,7 @@ from draftfit.eagle_head import (
     ExaoneMoeMTPHead,
     Glm4MoeLiteMTPHead,
     Glm4MoeMTPHead,
+    HyV3MTPHead,
     MTPHead,
     Qwen3_5MTPHead,
     Qwen3NextMTPHead,
@@ -58,6 +59,9 @@ LAYER_TENSORS = {  # the layer's class; its attention's, input projection's and 
     # EXAONE's layer: q/k norms, no output gate, a sliding window, dense
     "ExaoneMoeForCausalLM": (ExaoneMoeMTPHead, {"q_proj", "k_proj", "q_norm", "k_norm", "fc", "pre_fc_norm_hidden",
                                                 "gate_proj", "up_proj", "down_proj"}),
+    # Hy3's MoE names read as DeepSeek's: router.gate, expert_bias, shared_mlp
+    "HYV3ForCausalLM": (HyV3MTPHead, {"q_proj", "k_proj", "q_norm", "k_norm", "eh_proj", "gate.e_score_correction_bias",
+                                      "shared_experts.up_proj", *EXPERTS}),
 }
 DENSE = (Qwen3_5MTPHead, ErnieMTPHead, ExaoneMoeMTPHead)
 INPUT_PROJECTION = {Qwen3NextMTPHead: "fc", Qwen3_5MTPHead: "fc", ExaoneMoeMTPHead: "fc"}  # the others' is eh_proj
@@ -79,6 +83,9 @@ def test_the_layout_is_read_from_the_targets_config(tiny_target):
     elif cls is ExaoneMoeMTPHead:  # the whole head rotated, plain norms, the first layer's sliding window
         assert head.rotary_dim == 64 and head.window == tiny_mtp_targets.WINDOW
         assert head.t["q_proj"].shape[0] == 4 * 64 and float(head.t["q_norm"].mean()) == pytest.approx(1.0)  # x · w
+    elif cls is HyV3MTPHead:  # the whole head rotated; sigmoid scores renormalised, times the config's factor
+        assert head.rotary_dim == 64 and head.routing["scoring"] == "sigmoid" and head.routing["renormalize"]
+        assert head.routing["scale"] == 2.5 and head.routing["groups"] == 1 and "shared_head.head" not in head.t
     elif cls is Glm4MoeLiteMTPHead:  # DeepSeek's attention at its plain scale (no YaRN), GLM's scores
         assert head.scale == pytest.approx((64 + 64) ** -0.5) and head.routing["scoring"] == "sigmoid"
     else:  # Qwen3-Next, Qwen3.5
@@ -102,6 +109,7 @@ def test_the_layout_is_read_from_the_targets_config(tiny_target):
     ("Ernie4_5_MoeForCausalLM", "ernie4_5_moe", "Ernie4_5_MoeForCausalLM"),
     ("Ernie4_5_ForCausalLM", "ernie4_5", None),  # vLLM maps only the MoE models to its ernie_mtp
     ("ExaoneMoEForCausalLM", "exaone_moe", "ExaoneMoEForCausalLM"),
+    ("HYV3ForCausalLM", "hy_v3", "HYV3ForCausalLM"),
     ("LongcatFlashForCausalLM", "longcat_flash", None),
 ])
 def test_which_mtp_layouts_run_offline(arch, model_type, layout, tmp_path):
@@ -112,6 +120,14 @@ def test_which_mtp_layouts_run_offline(arch, model_type, layout, tmp_path):
         with pytest.raises(Exception, match="not modelled offline") as info:
             read_config(tmp_path, "mtp")
         assert "draftfit verify" in info.value.fix
+
+
+def test_a_cross_layer_attention_hy_v3_is_not_modelled():
+    """With ``use_cla`` vLLM's HY V3 layers share keys and values across layers (and skip loading
+    some layers' query projections): not the layer modelled here."""
+    raw = {"architectures": ["HYV3ForCausalLM"], "model_type": "hy_v3", "num_nextn_predict_layers": 1}
+    assert mtp_layout(raw | {"use_cla": False}) == "HYV3ForCausalLM"
+    assert mtp_layout(raw | {"use_cla": True, "cla_share_factor": 2}) is None
 
 
 def test_a_clamped_swiglu_exaone_is_not_modelled():
@@ -293,7 +309,7 @@ def test_mimo_layers_keep_their_class(tmp_path):
 
 @pytest.mark.parametrize("layout", ["own", "longcat_flash"])
 def test_rank_plans_the_targets_own_layers_of_a_layout_it_runs(layout, tiny_target, tmp_path, smollm2_meta):
-    """A DeepSeek-V3, GLM-4.5, GLM-4.7-Flash, Qwen3-Next, Qwen3.5 or ERNIE-4.5 target's own MTP layer is planned (scored
+    """A DeepSeek-V3, GLM-4.5, GLM-4.7-Flash, Qwen3-Next, Qwen3.5, ERNIE-4.5, K-EXAONE or Hunyuan 3 target's own MTP layer is planned (scored
     offline); a layout not modelled is skipped with the reason and the fix."""
     from draftfit.candidates import StudySettings, load_candidate
     from draftfit.methods import PlanContext, get_method
@@ -416,6 +432,91 @@ def test_qwen3_5s_layer_pass_is_transformers_decoder_layer(tmp_path_factory, smo
     whole_head_rope.rotary_dim = 64
     whole_head_rope.inv_freq = 1.0 / (config.rope_parameters["rope_theta"] ** (torch.arange(0, 64, 2) / 64))
     assert differs(ungated) and differs(whole_head_rope)
+
+
+def test_hy_v3s_layer_pass_is_transformers_decoder_layer(tmp_path_factory, smollm2_model):
+    """Beside vLLM's counters (which a tiny layer leaning on its current token barely moves: read
+    with RoPE before its q/k norms it lands 0.0% off, without renormalised routing −3.3%), transformers'
+    own HY V3 decoder layer checks the pass: q/k norms then RoPE, sigmoid routing with ``expert_bias``
+    for choosing, renormalised and scaled, plus the shared MLP. The wrapper around it is vLLM's
+    ``hy_v3_mtp``: ``eh_proj`` over ``enorm(embed)`` (zero at position 0) and ``hnorm(state)``, and
+    ``final_layernorm`` of the layer's output."""
+    from safetensors.torch import load_file, save_file
+    from transformers import HYV3Config
+    from transformers.models.hy_v3.modeling_hy_v3 import (
+        HYV3DecoderLayer,
+        HYV3RMSNorm,
+        HYV3RotaryEmbedding,
+    )
+
+    from draftfit.eagle_head import _rms
+
+    target = tiny_mtp_targets.build(tmp_path_factory.mktemp("hy_v3-reference"), smollm2_model, "hy_v3")
+    raw = json.loads((target / "config.json").read_text())
+    config = HYV3Config(**{k: v for k, v in raw.items() if k in HYV3Config.__dataclass_fields__ and k != "model_type"})
+    config._attn_implementation = "eager"
+    weights = load_file(str(target / "model.safetensors"))
+    prefix = tiny_mtp_targets.MTP_PREFIX
+    g = torch.Generator().manual_seed(1)
+    for name in weights:  # the build's layer is the last target layer's; every tensor made distinct
+        if name.startswith(prefix):
+            weights[name] = weights[name] + 0.05 * torch.randn(weights[name].shape, generator=g)
+    save_file(weights, str(target / "model.safetensors"), metadata={"format": "pt"})
+    mine = {k.removeprefix(prefix): v for k, v in weights.items() if k.startswith(prefix)}
+    experts = range(tiny_mtp_targets.EXPERTS)
+    state = {k: v for k, v in mine.items() if k.startswith(("self_attn.", "input_layernorm", "post_attention"))} | {
+        "mlp.gate.weight": mine["mlp.router.gate.weight"], "mlp.e_score_correction_bias": mine["mlp.expert_bias"],
+        "mlp.experts.gate_up_proj": torch.stack([torch.cat([mine[f"mlp.experts.{e}.gate_proj.weight"],
+                                                            mine[f"mlp.experts.{e}.up_proj.weight"]]) for e in experts]),
+        "mlp.experts.down_proj": torch.stack([mine[f"mlp.experts.{e}.down_proj.weight"] for e in experts]),
+        **{f"mlp.shared_experts.{p}.weight": mine[f"mlp.shared_mlp.{p}.weight"] for p in ("gate_proj", "up_proj", "down_proj")}}
+    layer = HYV3DecoderLayer(config, layer_idx=1)  # a sparse layer, as the MTP layer is
+    layer.load_state_dict(state)
+    layer.eval()
+    h = tiny_mtp_targets.HIDDEN
+    norms = {}
+    for n in ("enorm", "hnorm", "final_layernorm"):
+        norms[n] = HYV3RMSNorm(h, eps=config.rms_norm_eps)
+        norms[n].load_state_dict({"weight": mine[f"{n}.weight"]})
+    rotary = HYV3RotaryEmbedding(config)
+    seq = torch.randint(0, 49152, (24,), generator=g)
+    states = torch.randn(23, h, generator=g)
+    n = 22  # positions 0..n−1 read token p+1 and the target's state at p
+    with torch.no_grad():
+        embed = weights["model.embed_tokens.weight"][seq[1 : n + 1]].clone()
+        embed[0] = 0  # vLLM's hy_v3_mtp: the embedding masked at position 0
+        x = torch.cat([norms["enorm"](embed), norms["hnorm"](states[:n])], dim=-1) @ mine["eh_proj.weight"].T
+        positions = torch.arange(n)[None]
+        mask = torch.full((n, n), float("-inf")).triu(1)[None, None]
+        out = layer(x[None], position_embeddings=rotary(x[None], positions), attention_mask=mask, position_ids=positions)
+        reference = norms["final_layernorm"](out)[0]
+        head = load_head(target, None, "mtp")
+        offline, following, _, _ = head.prefix_pass(seq, states[:n])
+    assert type(head) is HyV3MTPHead and head.moe
+    assert torch.allclose(offline, reference, atol=1e-4, rtol=1e-4), float((offline - reference).abs().max())
+    assert torch.equal(following, offline)  # the normed output is the next step's state
+
+    def differs(change) -> bool:  # the check is not blind to the pieces it is for
+        mutated = load_head(target, None, "mtp")
+        change(mutated)
+        with torch.no_grad():
+            return not torch.allclose(mutated.prefix_pass(seq, states[:n])[0], reference, atol=1e-4, rtol=1e-4)
+
+    def rope_first(head):  # RoPE, then the q/k norms
+        qkv, t, eps = head._qkv, head.t, head.config.rms_norm_eps
+
+        def swapped(tokens, hidden, positions):
+            norms = t.pop("q_norm"), t.pop("k_norm")
+            q, k, v, residual = qkv(tokens, hidden, positions)  # rotated, not normed
+            t["q_norm"], t["k_norm"] = norms
+            return _rms(q, norms[0], eps), _rms(k, norms[1], eps), v, residual
+        head._qkv = swapped
+
+    assert differs(rope_first)
+    assert differs(lambda head: head.routing.update(renormalize=False))
+    assert differs(lambda head: head.routing.update(scale=1.0))
+    assert differs(lambda head: head.t.pop("shared_experts.gate_proj"))
+    assert differs(lambda head: setattr(head, "_finish", lambda attn, residual: (head._block(attn, residual),) * 2))  # no final norm
 
 
 def test_the_estimated_shapes_count_the_checkpoints_parameters(tiny_target):

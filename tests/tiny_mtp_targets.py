@@ -1,4 +1,4 @@
-"""Tiny DeepSeek-V3, GLM-4.5, GLM-4.7-Flash, Qwen3-Next, Qwen3.5, ERNIE-4.5 and K-EXAONE targets with an
+"""Tiny DeepSeek-V3, GLM-4.5, GLM-4.7-Flash, Qwen3-Next, Qwen3.5, ERNIE-4.5, K-EXAONE and Hunyuan 3 targets with an
 MTP layer, built and trained in the test session (no model of those layouts loads or downloads here).
 
 Each target is a randomly initialised model in its family's own shape, shrunk, with SmolLM2's
@@ -12,8 +12,10 @@ Qwen3-Next's and Qwen3.5's are a gated delta-net layer then a full-attention one
 q/k norms, RoPE on a quarter of each head), Qwen3-Next's MLPs softmax-routed experts with a gated
 shared expert, Qwen3.5's dense. ERNIE-4.5's are a dense layer then softmax-routed experts with a
 shared one, its RoPE in interleaved pairs. K-EXAONE's are a sliding-window layer (``WINDOW``) then a
-global one without RoPE, q/k norms, a dense MLP then experts with a shared one. The MTP layer
-(``model.layers.{L}.*`` as DeepSeek and GLM ship it, ``mtp.*`` as the Qwen families and K-EXAONE do,
+global one without RoPE, q/k norms, a dense MLP then experts with a shared one. Hunyuan 3's are
+grouped-query layers with q/k norms, a dense MLP then sigmoid-routed experts and a shared MLP, under
+Hy3's own checkpoint names (``router.gate``, ``expert_bias``, ``shared_mlp``). The MTP layer
+(``model.layers.{L}.*`` as DeepSeek, GLM and Hunyuan 3 ship it, ``mtp.*`` as the Qwen families and K-EXAONE do,
 ``model.mtp_*.0`` as ERNIE does) is a copy of the last layer's weights (ERNIE's and K-EXAONE's: its
 attention, and the first layer's dense MLP) with its own norms and input projection, trained to predict the target's token after next on the target's own answers —
 so its acceptance is real, not 0 and not every token.
@@ -31,7 +33,7 @@ HIDDEN, LAYERS, EXPERTS = 256, 2, 8
 MTP_PREFIX = f"model.layers.{LAYERS}."
 QWEN_MTP_PREFIX = "mtp.layers.0."  # Qwen3-Next's own layer, under mtp.fc, mtp.pre_fc_norm_*, mtp.norm
 ERNIE_MTP = "model.mtp_block.0."  # ERNIE-4.5's layer, under model.mtp_{emb_norm,hidden_norm,linear_proj}.0 beside it
-FAMILIES = ("deepseek_v3", "glm4_moe", "glm4_moe_lite", "qwen3_next", "qwen3_5", "ernie4_5_moe", "exaone_moe")
+FAMILIES = ("deepseek_v3", "glm4_moe", "glm4_moe_lite", "qwen3_next", "qwen3_5", "ernie4_5_moe", "exaone_moe", "hy_v3")
 QWEN_FAMILIES = ("qwen3_next", "qwen3_5")  # their MTP layers ship as mtp.*, zero-centred norms
 MTP_NAMED = (*QWEN_FAMILIES, "exaone_moe")  # the families whose MTP layers ship as mtp.*
 DENSE_MTP = ("ernie4_5_moe", "exaone_moe")  # the families whose MTP layer is dense after a MoE target
@@ -56,7 +58,8 @@ INIT = dict.fromkeys(FAMILIES, 0.002)
 # no window −0.3%, −0.8%). 500 elsewhere: the latent-attention layers learn slowest (GLM-4.7-Flash
 # 1.37 after 250, near the tests' 1.3 floor; DeepSeek-V3 1.54 after 500), and ERNIE-4.5's after 250
 # (1.47) no longer parts from one read with the target's final norm (+0.3%; −1.9% after 500).
-TRAINING_STEPS = dict.fromkeys((*FAMILIES, "qwen3_5_text"), 500) | dict.fromkeys(("qwen3_next", "glm4_moe", "exaone_moe"), 250)
+# Hunyuan 3: 1.94 after 250 (2.25 after 500); its pass is checked against transformers' own layer too.
+TRAINING_STEPS = dict.fromkeys((*FAMILIES, "qwen3_5_text"), 500) | dict.fromkeys(("qwen3_next", "glm4_moe", "exaone_moe", "hy_v3"), 250)
 COMMON = {"vocab_size": 49152, "hidden_size": HIDDEN, "intermediate_size": 512, "moe_intermediate_size": 128,
           "num_hidden_layers": LAYERS, "num_experts_per_tok": 2, "norm_topk_prob": True, "tie_word_embeddings": False,
           "bos_token_id": 1, "eos_token_id": 2}
@@ -76,6 +79,8 @@ def _model(family: str):
         Glm4MoeForCausalLM,
         Glm4MoeLiteConfig,
         Glm4MoeLiteForCausalLM,
+        HYV3Config,
+        HYV3ForCausalLM,
         Qwen3_5ForCausalLM,
         Qwen3_5TextConfig,
         Qwen3NextConfig,
@@ -109,6 +114,12 @@ def _model(family: str):
             layer_types=["sliding_attention", "full_attention"], mlp_layer_types=["dense", "sparse"],
             max_position_embeddings=4096, initializer_range=INIT["exaone_moe"],
             rope_parameters={"rope_type": "default", "rope_theta": 10000.0}))
+    if family == "hy_v3":  # Hunyuan 3: q/k norms, a dense first layer then sigmoid-routed experts and a shared MLP
+        return HYV3ForCausalLM(HYV3Config(
+            **{k: v for k, v in COMMON.items() if k != "norm_topk_prob"}, num_attention_heads=4, num_key_value_heads=2,
+            head_dim=64, num_experts=EXPERTS, num_shared_experts=1, router_scaling_factor=2.5,
+            mlp_layer_types=["dense", "sparse"], max_position_embeddings=4096, initializer_range=INIT["hy_v3"],
+            rope_parameters={"rope_type": "default", "rope_theta": 10000.0}))
     if family == "qwen3_next":
         return Qwen3NextForCausalLM(Qwen3NextConfig(
             **COMMON, num_attention_heads=4, num_key_value_heads=2, head_dim=64, num_experts=EXPERTS,
@@ -141,8 +152,10 @@ def build(out: Path, tokenizer_dir: Path, family: str = "deepseek_v3", seed: int
     model = _model(family).float()
     with torch.no_grad():
         for layer in model.model.layers:
-            if hasattr(getattr(layer.mlp, "gate", None), "e_score_correction_bias"):  # non-zero: it must choose, not weigh
-                layer.mlp.gate.e_score_correction_bias.copy_(torch.randn(EXPERTS) * 0.05)
+            # the correction bias non-zero: it must choose, not weigh (HY V3 keeps it on the MoE block)
+            for owner in (getattr(layer.mlp, "gate", None), layer.mlp):
+                if hasattr(owner, "e_score_correction_bias"):
+                    owner.e_score_correction_bias.copy_(torch.randn(EXPERTS) * 0.05)
     model.save_pretrained(str(out), safe_serialization=True)
     AutoTokenizer.from_pretrained(str(tokenizer_dir)).save_pretrained(str(out))
     weights = load_file(str(out / "model.safetensors"))
@@ -165,7 +178,7 @@ def build(out: Path, tokenizer_dir: Path, family: str = "deepseek_v3", seed: int
             weights[f"mtp.{norm}.weight"] = (0 if family in QWEN_FAMILIES else 1) + 0.1 * torch.randn(HIDDEN, generator=g)
         weights["mtp.fc.weight"] = torch.randn(HIDDEN, 2 * HIDDEN, generator=g) * 0.02
     else:
-        for norm in ("enorm", "hnorm", "shared_head.norm"):
+        for norm in ("enorm", "hnorm", "final_layernorm" if family == "hy_v3" else "shared_head.norm"):
             weights[f"{MTP_PREFIX}{norm}.weight"] = 1 + 0.1 * torch.randn(HIDDEN, generator=g)
         weights[f"{MTP_PREFIX}eh_proj.weight"] = torch.randn(HIDDEN, 2 * HIDDEN, generator=g) * 0.02
         weights[f"{MTP_PREFIX}shared_head.head.weight"] = weights["lm_head.weight"].clone()  # as V3 ships them
@@ -175,6 +188,9 @@ def build(out: Path, tokenizer_dir: Path, family: str = "deepseek_v3", seed: int
     raw["mtp_num_hidden_layers" if family == "qwen3_5" else "num_nextn_predict_layers"] = 1
     if family == "deepseek_v3":
         raw |= {"topk_method": "noaux_tc", "scoring_func": "sigmoid"}  # V3's own keys
+    if family == "hy_v3":  # the keys vLLM's HY V3 reads, as Hy3's own config names them
+        raw |= {"first_k_dense_replace": 1, "expert_hidden_dim": COMMON["moe_intermediate_size"], "route_norm": True,
+                "qk_norm": True}
     (out / "config.json").write_text(json.dumps(raw, indent=2))
     return out
 
@@ -185,11 +201,17 @@ def train_mtp_layer(target: Path, sequences: list[np.ndarray], response_starts: 
     every response position — and write it back into the checkpoint. Returns the loss per step."""
     from safetensors.torch import load_file, save_file
 
-    from draftfit.eagle_head import ErnieMTPHead, Qwen3NextMTPHead, TargetStates, load_head
+    from draftfit.eagle_head import (
+        ErnieMTPHead,
+        HyV3MTPHead,
+        Qwen3NextMTPHead,
+        TargetStates,
+        load_head,
+    )
 
     head = load_head(target, None, "mtp")
     qwen = isinstance(head, Qwen3NextMTPHead)
-    names = _ernie_checkpoint_name if isinstance(head, ErnieMTPHead) else _checkpoint_name
+    names = {ErnieMTPHead: _ernie_checkpoint_name, HyV3MTPHead: _hy_checkpoint_name}.get(type(head), _checkpoint_name)
     states = TargetStates(target, (LAYERS,), "float32")
     data = [(torch.as_tensor(s, dtype=torch.long), states(s[:-1]), p) for s, p in zip(sequences, response_starts, strict=True)]
     trained = {name: value.requires_grad_() for name, value in head.t.items() if name != "lm_head"}
@@ -224,6 +246,19 @@ def _checkpoint_name(name: str) -> str:
     if name.endswith((".bias", ".e_score_correction_bias")):
         return f"{MTP_PREFIX}{group}{name}"
     return f"{MTP_PREFIX}{group}{name}.weight"
+
+
+def _hy_checkpoint_name(name: str) -> str:
+    """An offline tensor's name in Hy3's checkpoint: V3's, but its own final norm and MoE names."""
+    from draftfit.eagle_head import HyV3MTPHead
+
+    if name == "final_layernorm":
+        return f"{MTP_PREFIX}final_layernorm.weight"
+    for hub, offline in HyV3MTPHead.NAMES.items():
+        if name == offline or (offline.endswith(".") and name.startswith(offline)):
+            hub_name = f"{MTP_PREFIX}mlp.{hub}{name.removeprefix(offline)}"
+            return hub_name if name.endswith("_bias") else f"{hub_name}.weight"
+    return _checkpoint_name(name)
 
 
 def _ernie_checkpoint_name(name: str) -> str:
