@@ -151,8 +151,7 @@ class GpuStepTime:
         """KV bytes one GPU reads in a step: every KV layer over its sequences' contexts (``kv_tokens``
         in all, over ``seqs`` sequences), a sliding-window layer over at most its window."""
         b = np.maximum(np.asarray(seqs, float), 1.0)
-        per_token = self.shape.kv_layers * self.shape.kv_layer_bytes(self.kv_dtype_bytes, self.tensor_parallel_size)
-        return per_token * b * self.shape.attended_tokens(np.asarray(kv_tokens, float) / b)
+        return b * self.shape.kv_read_bytes(np.asarray(kv_tokens, float) / b, self.kv_dtype_bytes, self.tensor_parallel_size)
 
     def memory_time(self, batched_tokens: Any, kv_tokens: Any, seqs: Any = None) -> np.ndarray:
         b = batched_tokens if seqs is None else seqs

@@ -49,7 +49,8 @@ they read the target's *normed* last hidden state, project ``[embedding, state]`
 from MiMo's) into a decoder layer of their family (latent or grouped-query attention, experts), and
 feed back their normed output (DeepSeek) or the sum before that norm (GLM); GLM-4.7-Flash's
 (``glm4_moe_lite_mtp.py``, :class:`Glm4MoeLiteMTPHead`) is DeepSeek's layer fed back as GLM's, Hunyuan 3's
-(``hy_v3_mtp.py``, :class:`HyV3MTPHead`) DeepSeek's reading through HY V3's layer. Qwen3-Next's
+(``hy_v3_mtp.py``, :class:`HyV3MTPHead`) DeepSeek's reading through HY V3's layer, MiMo-V2-Flash's
+(``mimo_v2_mtp.py``, :class:`MiMoV2MTPHead`) a window layer with attention sinks. Qwen3-Next's
 (``qwen3_next_mtp.py``, :class:`Qwen3NextMTPHead`) is read as ``mtp.*``: the same reading through
 its own ``fc``, one of the target's full-attention layers (a gated query), its normed output fed back.
 """
@@ -189,12 +190,14 @@ QWEN3_NEXT_MTP_ARCHITECTURE = "Qwen3NextForCausalLM"  # vLLM's qwen3_next_mtp
 ERNIE_MTP_ARCHITECTURE = "Ernie4_5_MoeForCausalLM"  # ERNIE-4.5's MoE models: vLLM's ernie_mtp
 EXAONE_MOE_MTP_ARCHITECTURES = ("ExaoneMoeForCausalLM", "ExaoneMoEForCausalLM")  # K-EXAONE: vLLM's exaone_moe_mtp
 HY_V3_MTP_ARCHITECTURE = "HYV3ForCausalLM"  # Hunyuan 3 (Hy3): vLLM's hy_v3_mtp
+MIMO_V2_MTP_ARCHITECTURE = "MiMoV2FlashForCausalLM"  # MiMo-V2-Flash: vLLM's mimo_v2_mtp (its first layer)
 # vLLM's qwen3_5_mtp: the multimodal checkpoints Qwen3.5 ships and text-only ones, dense and MoE
 QWEN3_5_MTP_ARCHITECTURES = ("Qwen3_5ForConditionalGeneration", "Qwen3_5MoeForConditionalGeneration",
                              "Qwen3_5ForCausalLM", "Qwen3_5MoeForCausalLM")
 OFFLINE_MTP_LAYOUTS = ("MiMo's (vLLM's mimo_mtp), DeepSeek-V3's (deepseek_mtp), GLM-4.5's (glm4_moe_mtp), "
                        "GLM-4.7-Flash's (glm4_moe_lite_mtp), Qwen3-Next's (qwen3_next_mtp), Qwen3.5's "
-                       "(qwen3_5_mtp), ERNIE-4.5's (ernie_mtp), K-EXAONE's (exaone_moe_mtp) and Hunyuan 3's (hy_v3_mtp)")
+                       "(qwen3_5_mtp), ERNIE-4.5's (ernie_mtp), K-EXAONE's (exaone_moe_mtp), Hunyuan 3's (hy_v3_mtp) and "
+                       "MiMo-V2-Flash's (mimo_v2_mtp)")
 
 
 def mtp_layout(raw: dict[str, Any]) -> str | None:
@@ -213,6 +216,8 @@ def mtp_layout(raw: dict[str, Any]) -> str | None:
         return arch
     if arch == HY_V3_MTP_ARCHITECTURE and raw.get("model_type") == "hy_v3" and not raw.get("use_cla"):
         return arch  # with cross-layer attention vLLM's layer shares another's keys and values
+    if arch == MIMO_V2_MTP_ARCHITECTURE and raw.get("swa_num_attention_heads"):  # the keys vLLM's layer reads
+        return arch
     return None
 
 
@@ -239,6 +244,11 @@ def _mtp_config(raw: dict[str, Any], directory: Path) -> HeadConfig:
             raise DraftfitError("a Qwen3-Next or Qwen3.5 layer with layer_scale or without its attention output gate is not "
                                 "modelled offline by this draftfit version", where=str(directory),
                                 fix="Measure this target's MTP with `draftfit verify`")
+    elif arch == MIMO_V2_MTP_ARCHITECTURE:  # the layer is a sliding-window one, with its own sizes
+        fields = _layer_fields(raw, directory) | {
+            "num_heads": int(raw["swa_num_attention_heads"]), "num_kv_heads": int(raw["swa_num_key_value_heads"]),
+            "head_dim": int(raw["swa_head_dim"]), "rms_norm_eps": float(raw["layernorm_epsilon"]),
+            "rope_theta": float(raw.get("swa_rope_theta") or raw.get("rope_theta") or 1000000)}
     else:
         fields = _layer_fields(raw, directory) | {"attention_bias": True}
     fields["num_layers"] = mtp_layer_count(raw)
@@ -346,6 +356,7 @@ class Eagle3Head:
         self.inv_freq = inv.float()
         self.scale = c.head_dim ** -0.5  # the attention's softmax scale
         self.window: int | None = None  # a sliding window: a query reads the last `window` positions, its own included
+        self.sinks = None  # [heads]: attention sinks, a logit per head that weighs no value (MiMo-V2's)
 
     # --- construction -----------------------------------------------------------------------
 
@@ -552,9 +563,16 @@ class Eagle3Head:
         prefix = torch.einsum("ahd,nhd->ahn", q, k) * scale
         prefix = prefix.masked_fill(~prefix_mask[:, None, :], float("-inf"))
         own = torch.einsum("ahd,ajhd->ahj", q, ck) * scale
-        w = torch.cat([prefix, own], dim=-1).softmax(-1)
+        w = self._softmax(torch.cat([prefix, own], dim=-1))
         n = k.shape[0]
         return torch.einsum("ahn,nhd->ahd", w[..., :n], v) + torch.einsum("ahj,ajhd->ahd", w[..., n:], cv)
+
+    def _softmax(self, scores):
+        """Softmax over the last dimension; with sinks, each head's sink logit joins the denominator."""
+        if self.sinks is None:
+            return scores.softmax(-1)
+        sink = self.sinks.to(scores.dtype)[:, None].expand(*scores.shape[:-1], 1)
+        return _torch().cat([scores, sink], dim=-1).softmax(-1)[..., :-1]
 
     def _in_window(self, queries, keys):
         """[len(queries), len(keys)]: which key positions lie in each query position's sliding window."""
@@ -569,10 +587,17 @@ class Eagle3Head:
         q, k, v, residual = self._qkv(seq[1 : n + 1], fused, positions)
         rep = self.config.num_heads // self.config.num_kv_heads
         mask = None if self.window is None else self._in_window(positions, positions) & (positions[None, :] <= positions[:, None])
-        attn = torch.nn.functional.scaled_dot_product_attention(
-            q.transpose(0, 1)[None], k.repeat_interleave(rep, dim=-2).transpose(0, 1)[None],
-            v.repeat_interleave(rep, dim=-2).transpose(0, 1)[None], attn_mask=mask, is_causal=mask is None,
-            scale=self.scale)[0].transpose(0, 1)
+        if self.sinks is None:
+            attn = torch.nn.functional.scaled_dot_product_attention(
+                q.transpose(0, 1)[None], k.repeat_interleave(rep, dim=-2).transpose(0, 1)[None],
+                v.repeat_interleave(rep, dim=-2).transpose(0, 1)[None], attn_mask=mask, is_causal=mask is None,
+                scale=self.scale)[0].transpose(0, 1)
+        else:  # the sinks' logits in the softmax: written out (scaled_dot_product_attention has none)
+            causal = positions[None, :] <= positions[:, None]
+            scores = torch.einsum("qhd,khd->hqk", q, k.repeat_interleave(rep, dim=-2)) * self.scale
+            scores = scores.masked_fill(~(causal if mask is None else mask)[None], float("-inf"))
+            attn = torch.einsum("hqk,khd->qhd", self._softmax(scores.transpose(0, 1)).transpose(0, 1),
+                                v.repeat_interleave(rep, dim=-2))
         out, hidden = self._finish(attn, residual)
         return out, hidden, k, v
 
@@ -1257,6 +1282,73 @@ class HyV3MTPHead(EhProjMTPHead):
     _qkv = Glm4MoeMTPHead._qkv
 
 
+class MiMoV2MTPHead(EhProjMTPHead):
+    """A MiMo-V2-Flash target's first MTP layer (vLLM's ``mimo_v2_mtp.py``, which runs only that one),
+    chained as an EAGLE head is.
+
+    Read from the target as ``model.mtp.layers.0.*``: ``eh_proj([enorm(embed(token)), hnorm(state)])``
+    — the embedding not zeroed at position 0; the target's normed last state first — through a
+    sliding-window attention layer of the target's window sizes (``swa_*``: heads, head dims,
+    ``sliding_window_size``, ``swa_rope_theta``), neox RoPE on the first ``partial_rotary_factor`` of
+    each head, values times ``attention_value_scale``, a sink logit per head where
+    ``add_swa_attention_sink_bias``; ``pre_mlp_layernorm`` and a dense MLP. ``final_layernorm`` of
+    the residual sum is both what the target's LM head reads and the next step's state.
+    """
+
+    PARAMS = ("enorm", "hnorm", "eh_proj", "input_layernorm", "o_proj", "post_attention_layernorm", "final_layernorm",
+              "q_proj", "k_proj", "v_proj")
+    FAMILY = "MiMo-V2-Flash"
+    DENSE = True
+    PREFIX = "model.mtp.layers.0."
+
+    def __init__(self, config: HeadConfig, tensors: dict[str, Any], embed, d2t=None, *, model: dict[str, Any]):
+        super().__init__(config, tensors, embed, d2t, model=model)
+        m = model
+        self.window = self.layer_window(m)
+        self.v_head_dim = int(m.get("swa_v_head_dim") or config.head_dim)
+        self.v_scale = m.get("attention_value_scale")
+        self.sinks = tensors.get("sinks") if m.get("add_swa_attention_sink_bias") else None
+        self._partial_rotary({"partial_rotary_factor": m.get("partial_rotary_factor")}, default=1.0)
+
+    @staticmethod
+    def layer_window(model: dict[str, Any]) -> int | None:
+        """The layer's sliding window (vLLM's ``sliding_window_size``; −1: none)."""
+        window = int(model.get("sliding_window_size", -1))
+        return window if window > -1 else None
+
+    @classmethod
+    def _attention_params(cls, raw: dict[str, Any]) -> tuple[str, ...]:
+        return ("sinks",) if raw.get("add_swa_attention_sink_bias") else ()
+
+    @classmethod
+    def load(cls, directory: Path, target_dir: Path | None = None) -> MiMoV2MTPHead:
+        """The first MTP layer of the checkpoint ``directory``, with its embeddings and LM head."""
+        directory = Path(directory)
+        config, raw = read_config(directory, cls.METHOD)
+        names = {"pre_mlp_layernorm": "post_attention_layernorm", "attention_sink_bias": "sinks"}
+        named = {names.get(key, key): value for key, value in _layer_tensors(directory, cls.PREFIX).items()}
+        return cls._complete(cls(config, named, target_embeddings(directory), model=raw), raw, directory, f"{cls.PREFIX}*")
+
+    def _layer_input(self, tokens, hidden, positions):
+        """``eh_proj([enorm(embed), hnorm(state)])`` (the residual, the embedding kept at position
+        0), and its ``input_layernorm``."""
+        c, t = self.config, self.t
+        x = _torch().cat([_rms(self.embed[tokens], t["enorm"], c.rms_norm_eps), _rms(hidden, t["hnorm"], c.rms_norm_eps)],
+                         dim=-1) @ t["eh_proj"].T
+        return _rms(x, t["input_layernorm"], c.rms_norm_eps), x
+
+    def _qkv(self, tokens, hidden, positions):
+        c, t = self.config, self.t
+        x, residual = self._layer_input(tokens, hidden, positions)
+        shape = x.shape[:-1]
+        q = (x @ t["q_proj"].T).view(*shape, c.num_heads, c.head_dim)
+        k = (x @ t["k_proj"].T).view(*shape, c.num_kv_heads, c.head_dim)
+        v = (x @ t["v_proj"].T).view(*shape, c.num_kv_heads, self.v_head_dim)
+        if self.v_scale is not None:
+            v = v * float(self.v_scale)
+        return self._rope(q, positions), self._rope(k, positions), v, residual
+
+
 class GatedResidual(NamedTuple):
     """A layer's residual with the attention's output gate (Qwen3-Next's), from q/k/v to the block."""
 
@@ -1292,7 +1384,8 @@ MTP_LAYOUTS = {MTP_ARCHITECTURE: MTPHead, DEEPSEEK_MTP_ARCHITECTURE: DeepSeekMTP
                GLM_LITE_MTP_ARCHITECTURE: Glm4MoeLiteMTPHead, QWEN3_NEXT_MTP_ARCHITECTURE: Qwen3NextMTPHead,
                ERNIE_MTP_ARCHITECTURE: ErnieMTPHead,
                **dict.fromkeys(QWEN3_5_MTP_ARCHITECTURES, Qwen3_5MTPHead),
-               **dict.fromkeys(EXAONE_MOE_MTP_ARCHITECTURES, ExaoneMoeMTPHead), HY_V3_MTP_ARCHITECTURE: HyV3MTPHead}
+               **dict.fromkeys(EXAONE_MOE_MTP_ARCHITECTURES, ExaoneMoeMTPHead), HY_V3_MTP_ARCHITECTURE: HyV3MTPHead,
+               MIMO_V2_MTP_ARCHITECTURE: MiMoV2MTPHead}
 
 
 def load_head(directory: Path, target_dir: Path | None = None, method: str | None = None) -> Eagle3Head:

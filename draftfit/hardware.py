@@ -272,12 +272,15 @@ KV_BLOCK_TOKENS = 16
 
 
 def _sliding(cfg: Mapping[str, Any], model_type: str) -> dict[str, int]:
-    """The sliding-window layers a config names (``layer_types``; where a config leaves them out, as
-    transformers derives them for its model type, e.g. gpt-oss alternating from the first layer)."""
-    window = int(cfg.get("sliding_window") or 0)
-    if not window:
+    """The sliding-window layers a config names (``layer_types``, or MiMo-V2's ``hybrid_layer_pattern``;
+    where a config leaves them out, as transformers derives them for its model type, e.g. gpt-oss
+    alternating from the first layer)."""
+    window = int(cfg.get("sliding_window") or cfg.get("sliding_window_size") or 0)
+    if window <= 0:
         return {}
     kinds = cfg.get("layer_types")
+    if kinds is None and isinstance(cfg.get("hybrid_layer_pattern"), list):  # MiMo-V2's: 1 for a window layer
+        kinds = ["sliding_attention" if flag else "full_attention" for flag in cfg["hybrid_layer_pattern"]]
     if kinds is None:
         try:
             from transformers import AutoConfig
@@ -288,6 +291,19 @@ def _sliding(cfg: Mapping[str, Any], model_type: str) -> dict[str, int]:
             kinds = None
     count = sum(kind == "sliding_attention" for kind in kinds or ())
     return {"sliding_layers": count, "sliding_window": window} if count else {}
+
+
+def _attention_widths(cfg: Mapping[str, Any], head_dim: int) -> dict[str, int]:
+    """The values' width where it is not the keys' (``v_head_dim``, outside latent attention), and a
+    sliding-window layer's own KV heads and widths (MiMo-V2's ``swa_*``), as :class:`ModelShape` keeps them."""
+    widths: dict[str, int] = {}
+    if cfg.get("v_head_dim") and not cfg.get("kv_lora_rank") and int(cfg["v_head_dim"]) != head_dim:
+        widths["v_head_dim"] = int(cfg["v_head_dim"])
+    if cfg.get("swa_num_key_value_heads"):
+        key = int(cfg.get("swa_head_dim") or head_dim)
+        widths |= {"sliding_kv_heads": int(cfg["swa_num_key_value_heads"]), "sliding_head_dim": key,
+                   "sliding_v_head_dim": int(cfg.get("swa_v_head_dim") or key)}
+    return widths
 
 
 def _first(cfg: Mapping[str, Any], *keys: str, default: Any = None) -> Any:
@@ -363,6 +379,11 @@ class ModelShape:
     norm_and_router_params: float = 0.0  # what vLLM keeps unquantized besides embeddings and LM head
     sliding_layers: int = 0  # KV layers that attend to (and keep) only the last ``sliding_window`` tokens
     sliding_window: int = 0
+    v_head_dim: int = 0  # the values' width where it is not the keys' (MiMo-V2: 128 against 192); 0: head_dim
+    # a sliding-window layer's KV heads and widths where they are its own (MiMo-V2's swa_*); 0: the full layers'
+    sliding_kv_heads: int = 0
+    sliding_head_dim: int = 0
+    sliding_v_head_dim: int = 0
     recurrent: RecurrentState | None = None  # a hybrid model's linear-attention layers' fixed state
 
     @classmethod
@@ -409,6 +430,8 @@ class ModelShape:
         n_experts = int(n_experts or 0)
         per_token = int(_first(cfg, "num_experts_per_tok", "num_experts_per_token", "moe_k", default=0) or 0)
 
+        window = _sliding(cfg, model_type)
+        widths = _attention_widths(cfg, head_dim) if not latent else {}
         total, active, experts, small = _estimate_params(
             cfg,
             model_type,
@@ -422,6 +445,7 @@ class ModelShape:
             tied,
             n_experts,
             per_token,
+            sliding=window.get("sliding_layers", 0),
         )
         source = "estimated from config.json"
         if params is not None:
@@ -448,7 +472,8 @@ class ModelShape:
             kv_latent_dim=latent,
             norm_and_router_params=float(small),
             attention_layers=sum(kind not in _NO_KV_LAYERS for kind in cfg.get("layer_types") or ()),
-            **_sliding(cfg, model_type),
+            **window,
+            **widths,
             recurrent=RecurrentState.from_config(cfg),
         )
 
@@ -506,12 +531,27 @@ class ModelShape:
         """The KV layers that keep every token of the context (all but the sliding-window ones)."""
         return self.kv_layers - self.sliding_layers
 
-    def kv_layer_bytes(self, kv_dtype_bytes: float = 2.0, tensor_parallel_size: int = 1) -> float:
-        """KV-cache bytes one layer keeps per token on one GPU: 2 (K and V) · KV heads · head dim · bytes;
-        with multi-head latent attention, latent dim · bytes on every GPU (not split by TP)."""
+    def kv_layer_bytes(self, kv_dtype_bytes: float = 2.0, tensor_parallel_size: int = 1, *, sliding: bool = False) -> float:
+        """KV-cache bytes one layer keeps per token on one GPU: KV heads · (key + value width) · bytes
+        (a ``sliding`` layer's own heads and widths where it has them); with multi-head latent
+        attention, latent dim · bytes on every GPU (not split by TP)."""
         if self.kv_latent_dim:
             return float(self.kv_latent_dim * kv_dtype_bytes)
-        return 2.0 * self.kv_heads_per_gpu(tensor_parallel_size) * self.head_dim * kv_dtype_bytes
+        heads, key, value = self.num_kv_heads, self.head_dim, self.v_head_dim or self.head_dim
+        if sliding and self.sliding_kv_heads:
+            heads, key = self.sliding_kv_heads, self.sliding_head_dim or key
+            value = self.sliding_v_head_dim or key
+        return max(1, heads // tensor_parallel_size) * (key + value) * kv_dtype_bytes
+
+    def kv_read_bytes(self, context: Any, kv_dtype_bytes: float = 2.0, tensor_parallel_size: int = 1) -> np.ndarray:
+        """KV bytes one sequence's decode step reads on one GPU at ``context`` tokens: every full
+        layer's whole context, every sliding-window layer's last ``sliding_window`` tokens."""
+        ctx = np.asarray(context, float)
+        full = self.full_kv_layers * self.kv_layer_bytes(kv_dtype_bytes, tensor_parallel_size) * ctx
+        if not self.sliding_layers:
+            return full
+        window = self.kv_layer_bytes(kv_dtype_bytes, tensor_parallel_size, sliding=True)
+        return full + self.sliding_layers * window * np.minimum(ctx, self.sliding_window)
 
     def kv_bytes_per_token(
         self, kv_dtype_bytes: float = 2.0, tensor_parallel_size: int = 1
@@ -560,7 +600,8 @@ class ModelShape:
             group = max(kinds)
         full, sliding, recurrent = (-(-n // group) * group if len(kinds) > 1 else n for n in counts)
         layer = self.kv_layer_bytes(kv_dtype_bytes, tensor_parallel_size)
-        fixed = sliding * layer * self.window_tokens(tokens, in_flight_tokens, block_tokens)
+        fixed = sliding * self.kv_layer_bytes(kv_dtype_bytes, tensor_parallel_size, sliding=True) * \
+            self.window_tokens(tokens, in_flight_tokens, block_tokens)
         if state is not None:
             page = state.page_bytes(state_dtype_bytes, tensor_parallel_size, spec_tokens, ssm_dtype_bytes)
             block = block_tokens * -(-page // (block_tokens * layer))
@@ -585,11 +626,22 @@ def _estimate_params(
     tied: bool,
     n_experts: int,
     per_token: int,
+    sliding: int = 0,
 ) -> tuple[float, float, float, float]:
     """Total and per-token-active parameters from the architecture (weights, biases, norms), the
-    routed experts' share of the total, and the norms and routers."""
+    routed experts' share of the total, and the norms and routers. ``sliding`` layers are sized by
+    their own heads and widths where the config names them (MiMo-V2's ``swa_*``)."""
+    widths = _attention_widths(cfg, head_dim)
+    value = widths.get("v_head_dim") or head_dim
     q_dim, kv_dim = heads * head_dim, kv_heads * head_dim
-    attn = hidden * q_dim + 2 * hidden * kv_dim + q_dim * hidden
+    attn = hidden * q_dim + hidden * kv_dim + hidden * kv_heads * value + heads * value * hidden
+    window_attn = None  # a sliding-window layer's own attention, where its sizes are its own
+    if widths.get("sliding_kv_heads"):
+        w_heads = int(cfg.get("swa_num_attention_heads") or heads)
+        w_key, w_kv = widths["sliding_head_dim"], widths["sliding_kv_heads"]
+        w_value = widths["sliding_v_head_dim"]
+        window_attn = hidden * w_heads * w_key + hidden * w_kv * (w_key + w_value) + w_heads * w_value * hidden
+        window_attn += w_heads if cfg.get("add_swa_attention_sink_bias") else 0  # a sink logit per head
     if cfg.get("kv_lora_rank"):  # multi-head latent attention's low-rank projections
         nope, rope = int(cfg.get("qk_nope_head_dim") or 0), int(cfg.get("qk_rope_head_dim") or 0)
         v_dim = int(cfg.get("v_head_dim") or nope)
@@ -604,6 +656,8 @@ def _estimate_params(
         attn += 2 * head_dim
     if cfg.get("attn_output_gate", model_type in _GATED_QUERY_FAMILIES):
         attn += hidden * q_dim
+    if window_attn is None:
+        window_attn = attn
 
     gated = model_type not in _UNGATED_FAMILIES
     mats = 3 if gated else 2
@@ -613,9 +667,14 @@ def _estimate_params(
         return mats * hidden * width + bias
 
     # DeepSeek / GLM: the first `first_k_dense_replace` layers have a dense MLP, the rest experts (ERNIE-4.5:
-    # those before `moe_layer_start_index`)
+    # those before `moe_layer_start_index`); MiMo-V2 names each layer's (`moe_layer_freq` a list of 0/1,
+    # transformers' `mlp_layer_types`)
     first_moe = _first(cfg, "first_k_dense_replace", "moe_layer_start_index", default=0)
     dense_layers = min(int(first_moe or 0), layers) if n_experts else layers
+    if n_experts and isinstance(cfg.get("moe_layer_freq"), list):
+        dense_layers = sum(not flag for flag in cfg["moe_layer_freq"][:layers])
+    elif n_experts and isinstance(cfg.get("mlp_layer_types"), list) and "first_k_dense_replace" not in cfg:
+        dense_layers = sum(kind != "sparse" for kind in cfg["mlp_layer_types"][:layers])
     moe_layers = layers - dense_layers
     if n_experts:
         # Hy3 names its experts' width expert_hidden_dim (what vLLM reads), transformers moe_intermediate_size
@@ -640,8 +699,9 @@ def _estimate_params(
         positions = int(_first(cfg, "n_positions", "max_position_embeddings", default=0)) * hidden
 
     dense = dense_layers * mlp(intermediate)
-    total = embed + head + final_norm + positions + layers * (attn + norms) + dense + moe_layers * mlp_total
-    active = embed + head + final_norm + positions + layers * (attn + norms) + dense + moe_layers * mlp_active
+    attention = (layers - sliding) * attn + sliding * window_attn + layers * norms
+    total = embed + head + final_norm + positions + attention + dense + moe_layers * mlp_total
+    active = embed + head + final_norm + positions + attention + dense + moe_layers * mlp_active
     experts = moe_layers * n_experts * mlp(expert_width) if n_experts else 0
     small = final_norm + layers * norms + moe_layers * (hidden * n_experts if n_experts else 0)
     return float(total), float(active), float(experts), float(small)

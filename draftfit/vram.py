@@ -269,7 +269,8 @@ def pooled_layers(target: ModelShape, draft: ModelShape | None, kv_dtype_bytes: 
     draft's KV is apart."""
     if draft is None or draft_tp != tp or draft.recurrent is not None:
         return None
-    if draft.kv_layer_bytes(kv_dtype_bytes, tp) != target.kv_layer_bytes(kv_dtype_bytes, tp):
+    if any(draft.kv_layer_bytes(kv_dtype_bytes, tp, sliding=kind) != target.kv_layer_bytes(kv_dtype_bytes, tp, sliding=kind)
+           for kind in (False, True)):
         return None
     if draft.sliding_layers and target.sliding_layers and draft.sliding_window != target.sliding_window:
         return None

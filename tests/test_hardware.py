@@ -393,6 +393,39 @@ def test_hy3s_experts_by_the_width_vllm_reads_and_its_mtp_layer():
     assert mtp.params - 2 * 120832 * 4096 == pytest.approx(3.8e9, rel=0.03)
 
 
+MIMO_V2_FLASH = {  # transformers' MiMoV2FlashConfig defaults ("XiaomiMiMo/MiMo-V2-Flash") in the keys vLLM reads
+    "architectures": ["MiMoV2FlashForCausalLM"], "model_type": "mimo_v2_flash", "vocab_size": 152576,
+    "hidden_size": 4096, "intermediate_size": 16384, "num_hidden_layers": 48, "num_attention_heads": 64,
+    "num_key_value_heads": 4, "head_dim": 192, "v_head_dim": 128, "moe_intermediate_size": 2048,
+    "n_routed_experts": 256, "num_experts_per_tok": 8, "tie_word_embeddings": False,
+    # global attention at the first layer and every sixth, a 128-token window elsewhere with twice the KV heads
+    "hybrid_layer_pattern": [0 if i == 0 or (i + 1) % 6 == 0 else 1 for i in range(48)],
+    "moe_layer_freq": [0] + [1] * 47, "sliding_window_size": 128, "swa_num_attention_heads": 64,
+    "swa_num_key_value_heads": 8, "swa_head_dim": 192, "swa_v_head_dim": 128, "add_swa_attention_sink_bias": True,
+    "layernorm_epsilon": 1e-5, "partial_rotary_factor": 0.334, "num_nextn_predict_layers": 3,
+}
+
+
+def test_mimo_v2_flashs_window_layers_and_widths():
+    """Published (MiMo-V2-Flash Technical Report, arXiv 2601.02780): "309B total parameters and 15B
+    active parameters", "a 128-token sliding window under a 5:1 hybrid ratio". Its keys are 192 wide
+    and its values 128; its window layers keep twice the full layers' KV heads; vLLM 0.32 serves the
+    first of its three MTP layers only, a window layer with a dense MLP."""
+    from draftfit.compat.heads import mtp_layer_count
+    from draftfit.methods import get_method
+
+    shape = ModelShape.from_config(MIMO_V2_FLASH)
+    assert shape.params == pytest.approx(309e9, rel=0.01)
+    assert shape.active_params == pytest.approx(15e9, rel=0.05)  # 15.4B: "15B"
+    assert (shape.sliding_layers, shape.full_kv_layers, shape.sliding_window) == (39, 9, 128)
+    assert shape.kv_layer_bytes(2.0) == 4 * (192 + 128) * 2 and shape.kv_layer_bytes(2.0, sliding=True) == 8 * (192 + 128) * 2
+    # a decode step at 4,096 tokens reads every global layer's context and every window layer's last 128 tokens
+    assert float(shape.kv_read_bytes(4096)) == 9 * 2560 * 4096 + 39 * 5120 * 128
+    assert mtp_layer_count(MIMO_V2_FLASH) == 1
+    mtp = get_method("mtp").draft_shape(MIMO_V2_FLASH, "MiMo-V2-Flash MTP")
+    assert (mtp.num_experts, mtp.sliding_layers, mtp.kv_layer_bytes(2.0, sliding=True)) == (0, 1, 8 * 320 * 2)
+
+
 def test_given_param_count_wins():
     shape = ModelShape.from_config(load_config("llama-3.1-8b-config.json"), params=8.0e9)
     assert shape.params == 8.0e9 and shape.params_source == "given"

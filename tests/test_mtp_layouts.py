@@ -1,4 +1,4 @@
-"""DeepSeek-V3's, GLM-4.5's, GLM-4.7-Flash's, Qwen3-Next's, ERNIE-4.5's, K-EXAONE's and Hunyuan 3's MTP layouts
+"""DeepSeek-V3's, GLM-4.5's, GLM-4.7-Flash's, Qwen3-Next's, ERNIE-4.5's, K-EXAONE's, Hunyuan 3's and MiMo-V2-Flash's MTP layouts
 offline (latent, grouped-query, gated or sliding-window attention, mixtures of experts, dense layers)
 against vLLM's own counters, on tiny targets of
 each family built and trained in the session (tests/tiny_mtp_targets.py); Qwen3.5's against
@@ -20,6 +20,7 @@ from draftfit.eagle_head import (
     Glm4MoeLiteMTPHead,
     Glm4MoeMTPHead,
     HyV3MTPHead,
+    MiMoV2MTPHead,
     MTPHead,
     Qwen3_5MTPHead,
     Qwen3NextMTPHead,
@@ -62,8 +63,11 @@ LAYER_TENSORS = {  # the layer's class; its attention's, input projection's and 
     # Hy3's MoE names read as DeepSeek's: router.gate, expert_bias, shared_mlp
     "HYV3ForCausalLM": (HyV3MTPHead, {"q_proj", "k_proj", "q_norm", "k_norm", "eh_proj", "gate.e_score_correction_bias",
                                       "shared_experts.up_proj", *EXPERTS}),
+    # MiMo-V2-Flash's first layer: a sliding window with sinks, dense
+    "MiMoV2FlashForCausalLM": (MiMoV2MTPHead, {"q_proj", "k_proj", "sinks", "eh_proj", "enorm", "gate_proj", "up_proj",
+                                               "down_proj"}),
 }
-DENSE = (Qwen3_5MTPHead, ErnieMTPHead, ExaoneMoeMTPHead)
+DENSE = (Qwen3_5MTPHead, ErnieMTPHead, ExaoneMoeMTPHead, MiMoV2MTPHead)
 INPUT_PROJECTION = {Qwen3NextMTPHead: "fc", Qwen3_5MTPHead: "fc", ExaoneMoeMTPHead: "fc"}  # the others' is eh_proj
 
 
@@ -86,6 +90,10 @@ def test_the_layout_is_read_from_the_targets_config(tiny_target):
     elif cls is HyV3MTPHead:  # the whole head rotated; sigmoid scores renormalised, times the config's factor
         assert head.rotary_dim == 64 and head.routing["scoring"] == "sigmoid" and head.routing["renormalize"]
         assert head.routing["scale"] == 2.5 and head.routing["groups"] == 1 and "shared_head.head" not in head.t
+    elif cls is MiMoV2MTPHead:  # the window layer's sizes, a third of each head rotated, sinks, scaled values
+        assert head.window == tiny_mtp_targets.WINDOW and head.rotary_dim == 64 and head.config.num_kv_heads == 2
+        assert head.sinks is head.t["sinks"] and head.v_scale == pytest.approx(0.707)
+        assert head.config.rope_theta == 10000.0  # swa_rope_theta, not the global layers' 5e6
     elif cls is Glm4MoeLiteMTPHead:  # DeepSeek's attention at its plain scale (no YaRN), GLM's scores
         assert head.scale == pytest.approx((64 + 64) ** -0.5) and head.routing["scoring"] == "sigmoid"
     else:  # Qwen3-Next, Qwen3.5
@@ -110,6 +118,7 @@ def test_the_layout_is_read_from_the_targets_config(tiny_target):
     ("Ernie4_5_ForCausalLM", "ernie4_5", None),  # vLLM maps only the MoE models to its ernie_mtp
     ("ExaoneMoEForCausalLM", "exaone_moe", "ExaoneMoEForCausalLM"),
     ("HYV3ForCausalLM", "hy_v3", "HYV3ForCausalLM"),
+    ("MiMoV2FlashForCausalLM", "mimo_v2_flash", None),  # without the swa_* keys vLLM's layer reads
     ("LongcatFlashForCausalLM", "longcat_flash", None),
 ])
 def test_which_mtp_layouts_run_offline(arch, model_type, layout, tmp_path):
@@ -309,7 +318,7 @@ def test_mimo_layers_keep_their_class(tmp_path):
 
 @pytest.mark.parametrize("layout", ["own", "longcat_flash"])
 def test_rank_plans_the_targets_own_layers_of_a_layout_it_runs(layout, tiny_target, tmp_path, smollm2_meta):
-    """A DeepSeek-V3, GLM-4.5, GLM-4.7-Flash, Qwen3-Next, Qwen3.5, ERNIE-4.5, K-EXAONE or Hunyuan 3 target's own MTP layer is planned (scored
+    """A DeepSeek-V3, GLM-4.5, GLM-4.7-Flash, Qwen3-Next, Qwen3.5, ERNIE-4.5, K-EXAONE, Hunyuan 3 or MiMo-V2-Flash target's own MTP layer is planned (scored
     offline); a layout not modelled is skipped with the reason and the fix."""
     from draftfit.candidates import StudySettings, load_candidate
     from draftfit.methods import PlanContext, get_method
@@ -434,6 +443,44 @@ def test_qwen3_5s_layer_pass_is_transformers_decoder_layer(tmp_path_factory, smo
     assert differs(ungated) and differs(whole_head_rope)
 
 
+def _perturbed_target(tmp_path_factory, smollm2_model, family: str, config_class, prefix: str):
+    """A tiny ``family`` target whose MTP tensors (under ``prefix``) are each made distinct from the
+    target layer the build copied them from: (target dir, transformers config, all tensors, the MTP
+    layer's tensors by their names under ``prefix``)."""
+    from safetensors.torch import load_file, save_file
+
+    target = tiny_mtp_targets.build(tmp_path_factory.mktemp(f"{family}-reference"), smollm2_model, family)
+    raw = json.loads((target / "config.json").read_text())
+    config = config_class(**{k: v for k, v in raw.items() if k in config_class.__dataclass_fields__ and k != "model_type"})
+    config._attn_implementation = "eager"
+    weights = load_file(str(target / "model.safetensors"))
+    g = torch.Generator().manual_seed(1)
+    for name in weights:
+        if name.startswith(prefix):
+            weights[name] = weights[name] + 0.05 * torch.randn(weights[name].shape, generator=g)
+    save_file(weights, str(target / "model.safetensors"), metadata={"format": "pt"})
+    return target, config, weights, {k.removeprefix(prefix): v for k, v in weights.items() if k.startswith(prefix)}
+
+
+def _norms(norm_class, mine: dict, eps: float) -> dict:
+    """transformers' RMS norms of the MTP wrapper (``enorm``, ``hnorm``, ``final_layernorm``)."""
+    norms = {}
+    for name in ("enorm", "hnorm", "final_layernorm"):
+        norms[name] = norm_class(tiny_mtp_targets.HIDDEN, eps=eps)
+        norms[name].load_state_dict({"weight": mine[f"{name}.weight"]})
+    return norms
+
+
+def _differs_from(target, seq, states, reference):
+    """``differs(change)``: whether the offline pass of the target's layer, changed, leaves ``reference``."""
+    def differs(change) -> bool:  # the check is not blind to the pieces it is for
+        mutated = load_head(target, None, "mtp")
+        change(mutated)
+        with torch.no_grad():
+            return not torch.allclose(mutated.prefix_pass(seq, states)[0], reference, atol=1e-4, rtol=1e-4)
+    return differs
+
+
 def test_hy_v3s_layer_pass_is_transformers_decoder_layer(tmp_path_factory, smollm2_model):
     """Beside vLLM's counters (which a tiny layer leaning on its current token barely moves: read
     with RoPE before its q/k norms it lands 0.0% off, without renormalised routing −3.3%), transformers'
@@ -441,7 +488,6 @@ def test_hy_v3s_layer_pass_is_transformers_decoder_layer(tmp_path_factory, smoll
     for choosing, renormalised and scaled, plus the shared MLP. The wrapper around it is vLLM's
     ``hy_v3_mtp``: ``eh_proj`` over ``enorm(embed)`` (zero at position 0) and ``hnorm(state)``, and
     ``final_layernorm`` of the layer's output."""
-    from safetensors.torch import load_file, save_file
     from transformers import HYV3Config
     from transformers.models.hy_v3.modeling_hy_v3 import (
         HYV3DecoderLayer,
@@ -451,18 +497,9 @@ def test_hy_v3s_layer_pass_is_transformers_decoder_layer(tmp_path_factory, smoll
 
     from draftfit.eagle_head import _rms
 
-    target = tiny_mtp_targets.build(tmp_path_factory.mktemp("hy_v3-reference"), smollm2_model, "hy_v3")
-    raw = json.loads((target / "config.json").read_text())
-    config = HYV3Config(**{k: v for k, v in raw.items() if k in HYV3Config.__dataclass_fields__ and k != "model_type"})
-    config._attn_implementation = "eager"
-    weights = load_file(str(target / "model.safetensors"))
-    prefix = tiny_mtp_targets.MTP_PREFIX
-    g = torch.Generator().manual_seed(1)
-    for name in weights:  # the build's layer is the last target layer's; every tensor made distinct
-        if name.startswith(prefix):
-            weights[name] = weights[name] + 0.05 * torch.randn(weights[name].shape, generator=g)
-    save_file(weights, str(target / "model.safetensors"), metadata={"format": "pt"})
-    mine = {k.removeprefix(prefix): v for k, v in weights.items() if k.startswith(prefix)}
+    target, config, weights, mine = _perturbed_target(tmp_path_factory, smollm2_model, "hy_v3", HYV3Config,
+                                                      tiny_mtp_targets.MTP_PREFIX)
+    g = torch.Generator().manual_seed(2)
     experts = range(tiny_mtp_targets.EXPERTS)
     state = {k: v for k, v in mine.items() if k.startswith(("self_attn.", "input_layernorm", "post_attention"))} | {
         "mlp.gate.weight": mine["mlp.router.gate.weight"], "mlp.e_score_correction_bias": mine["mlp.expert_bias"],
@@ -474,10 +511,7 @@ def test_hy_v3s_layer_pass_is_transformers_decoder_layer(tmp_path_factory, smoll
     layer.load_state_dict(state)
     layer.eval()
     h = tiny_mtp_targets.HIDDEN
-    norms = {}
-    for n in ("enorm", "hnorm", "final_layernorm"):
-        norms[n] = HYV3RMSNorm(h, eps=config.rms_norm_eps)
-        norms[n].load_state_dict({"weight": mine[f"{n}.weight"]})
+    norms = _norms(HYV3RMSNorm, mine, config.rms_norm_eps)
     rotary = HYV3RotaryEmbedding(config)
     seq = torch.randint(0, 49152, (24,), generator=g)
     states = torch.randn(23, h, generator=g)
@@ -495,12 +529,7 @@ def test_hy_v3s_layer_pass_is_transformers_decoder_layer(tmp_path_factory, smoll
     assert type(head) is HyV3MTPHead and head.moe
     assert torch.allclose(offline, reference, atol=1e-4, rtol=1e-4), float((offline - reference).abs().max())
     assert torch.equal(following, offline)  # the normed output is the next step's state
-
-    def differs(change) -> bool:  # the check is not blind to the pieces it is for
-        mutated = load_head(target, None, "mtp")
-        change(mutated)
-        with torch.no_grad():
-            return not torch.allclose(mutated.prefix_pass(seq, states[:n])[0], reference, atol=1e-4, rtol=1e-4)
+    differs = _differs_from(target, seq, states[:n], reference)
 
     def rope_first(head):  # RoPE, then the q/k norms
         qkv, t, eps = head._qkv, head.t, head.config.rms_norm_eps
@@ -519,6 +548,73 @@ def test_hy_v3s_layer_pass_is_transformers_decoder_layer(tmp_path_factory, smoll
     assert differs(lambda head: setattr(head, "_finish", lambda attn, residual: (head._block(attn, residual),) * 2))  # no final norm
 
 
+def test_mimo_v2s_layer_pass_is_transformers_window_layer(tmp_path_factory, smollm2_model):
+    """Beside vLLM's counters (which this tiny layer, leaning on its current token, does not move when
+    it is read without its sinks, its window, its partial RoPE or its window layers' RoPE base),
+    transformers' own MiMo-V2-Flash window layer checks the pass: sinks, the 16-token window, RoPE on a
+    third of each head at ``swa_rope_theta``, values times ``attention_value_scale``, twice the global
+    layers' KV heads. The wrapper is vLLM's ``mimo_v2_mtp``: ``eh_proj`` over ``enorm(embed)`` (not
+    zeroed at position 0) and ``hnorm(state)``, ``pre_mlp_layernorm``, ``final_layernorm``."""
+    from transformers import MiMoV2FlashConfig
+    from transformers.models.mimo_v2_flash.modeling_mimo_v2_flash import (
+        MiMoV2FlashDecoderLayer,
+        MiMoV2FlashRMSNorm,
+        MiMoV2FlashRotaryEmbedding,
+    )
+
+    target, config, weights, mine = _perturbed_target(tmp_path_factory, smollm2_model, "mimo_v2_flash",
+                                                      MiMoV2FlashConfig, tiny_mtp_targets.MIMO_V2_MTP)
+    g = torch.Generator().manual_seed(2)
+    layer = MiMoV2FlashDecoderLayer(config, layer_idx=0)  # the window layer, as the MTP layer is
+    names = {"pre_mlp_layernorm.weight": "post_attention_layernorm.weight", "self_attn.attention_sink_bias": "self_attn.sinks"}
+    layer.load_state_dict({names.get(k, k): v for k, v in mine.items() if k.startswith(("self_attn.", "mlp.", "input_", "pre_mlp"))})
+    layer.eval()
+    h, n, window = tiny_mtp_targets.HIDDEN, 22, tiny_mtp_targets.WINDOW  # positions 0..n−1: more than a window
+    norms = _norms(MiMoV2FlashRMSNorm, mine, config.rms_norm_eps)
+    rotary = MiMoV2FlashRotaryEmbedding(config)
+    seq = torch.randint(0, 49152, (24,), generator=g)
+    states = torch.randn(23, h, generator=g)
+    with torch.no_grad():
+        embed = weights["model.embed_tokens.weight"][seq[1 : n + 1]]  # not zeroed at position 0
+        x = torch.cat([norms["enorm"](embed), norms["hnorm"](states[:n])], dim=-1) @ mine["eh_proj.weight"].T
+        positions = torch.arange(n)
+        allowed = (positions[None, :] <= positions[:, None]) & (positions[None, :] > positions[:, None] - window)
+        mask = torch.zeros(n, n).masked_fill(~allowed, float("-inf"))[None, None]
+        out = layer(x[None], position_embeddings=rotary(x[None], positions[None], "sliding_attention"), attention_mask=mask,
+                    position_ids=positions[None])
+        reference = norms["final_layernorm"](out)[0]
+        head = load_head(target, None, "mtp")
+        offline, following, _, _ = head.prefix_pass(seq, states[:n])
+    assert type(head) is MiMoV2MTPHead and not head.moe
+    assert torch.allclose(offline, reference, atol=1e-4, rtol=1e-4), float((offline - reference).abs().max())
+    assert torch.equal(following, offline)  # the normed output is the next step's state
+    differs = _differs_from(target, seq, states[:n], reference)
+
+    def rope(base: float, dims: int):
+        def change(head):
+            head.rotary_dim = dims
+            head.inv_freq = (1.0 / (base ** (torch.arange(0, dims, 2, dtype=torch.float64) / dims))).float()
+        return change
+
+    assert differs(lambda head: setattr(head, "sinks", None))
+    assert differs(lambda head: setattr(head, "window", None))
+    assert differs(lambda head: setattr(head, "v_scale", None))
+    assert differs(rope(10000.0, 192)) and differs(rope(5000000.0, 64))  # the whole head; the global layers' base
+
+    # a chain's second step reads the prefix and its own first draft through the same window and sinks:
+    # it is the pass at the next position, given the first step's state and the token it drafted
+    with torch.no_grad():
+        out, hidden, keys, values = head.prefix_pass(seq, states[:n])
+        starts = torch.tensor([3, 12, 20])
+        drafted = head.logits(out[starts]).argmax(-1)
+        second = head.chain_steps(starts, out[starts], hidden[starts], keys[: n - 1], values[: n - 1],
+                                  lambda j, logits: logits.argmax(-1), 2)[:, 1]
+        for row, p in enumerate(starts.tolist()):
+            fed_seq, fed_states = seq[: p + 3].clone(), states[: p + 2].clone()
+            fed_seq[p + 2], fed_states[p + 1] = drafted[row], hidden[p]
+            assert torch.allclose(second[row], head.logits(head.prefix_pass(fed_seq, fed_states)[0][p + 1]), atol=1e-4), p
+
+
 def test_the_estimated_shapes_count_the_checkpoints_parameters(tiny_target):
     """The target's shape (its experts, shared experts and dense layers as its family names them)
     and its MTP layer's (dense for ERNIE-4.5 and K-EXAONE, as vLLM builds them) count what the
@@ -533,7 +629,7 @@ def test_the_estimated_shapes_count_the_checkpoints_parameters(tiny_target):
 
     raw = json.loads((tiny_target / "config.json").read_text())
     target = layer = 0
-    mtp_names = ("mtp.", tiny_mtp_targets.MTP_PREFIX, "model.mtp_")
+    mtp_names = ("mtp.", tiny_mtp_targets.MTP_PREFIX, "model.mtp_", tiny_mtp_targets.MIMO_V2_MTP)
     with safe_open(str(tiny_target / "model.safetensors"), "pt") as f:
         for name in f.keys():
             n = math.prod(f.get_slice(name).get_shape())

