@@ -522,10 +522,6 @@ class ModelShape:
         hybrid model's linear-attention layers (Qwen3-Next's gated delta-net: a fixed state per sequence)."""
         return self.attention_layers or self.num_layers
 
-    def kv_heads_per_gpu(self, tensor_parallel_size: int = 1) -> int:
-        """KV heads each GPU stores: split by TP, replicated when TP exceeds the head count (as vLLM)."""
-        return max(1, self.num_kv_heads // tensor_parallel_size)
-
     @property
     def full_kv_layers(self) -> int:
         """The KV layers that keep every token of the context (all but the sliding-window ones)."""
@@ -533,8 +529,9 @@ class ModelShape:
 
     def kv_layer_bytes(self, kv_dtype_bytes: float = 2.0, tensor_parallel_size: int = 1, *, sliding: bool = False) -> float:
         """KV-cache bytes one layer keeps per token on one GPU: KV heads · (key + value width) · bytes
-        (a ``sliding`` layer's own heads and widths where it has them); with multi-head latent
-        attention, latent dim · bytes on every GPU (not split by TP)."""
+        (a ``sliding`` layer's own heads and widths where it has them), the heads split by TP and
+        replicated where TP exceeds their count (as vLLM); with multi-head latent attention, latent
+        dim · bytes on every GPU (not split by TP)."""
         if self.kv_latent_dim:
             return float(self.kv_latent_dim * kv_dtype_bytes)
         heads, key, value = self.num_kv_heads, self.head_dim, self.v_head_dim or self.head_dim
