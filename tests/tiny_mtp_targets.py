@@ -227,10 +227,18 @@ def build(out: Path, tokenizer_dir: Path, family: str = "deepseek_v3", seed: int
     return out
 
 
-def train_mtp_layer(target: Path, sequences: list[np.ndarray], response_starts: list[int], *, steps: int = 300,
-                    lr: float = 2e-3, seed: int = 0) -> list[float]:
+def training_draws(prompts: int, steps: int, seed: int = 0) -> list[int]:
+    """Which of ``prompts`` training answers each of ``steps`` steps trains on (drawn with
+    replacement): the session answers only these."""
+    rng = np.random.default_rng(seed)
+    return [int(rng.integers(prompts)) for _ in range(steps)]
+
+
+def train_mtp_layer(target: Path, sequences: list[np.ndarray], response_starts: list[int], draws: list[int], *,
+                    lr: float = 2e-3) -> list[float]:
     """Train the target's MTP layer (every tensor of it) on its first pass — the token after next at
-    every response position — and write it back into the checkpoint. Returns the loss per step."""
+    every response position — one sequence per step, ``sequences[draws[step]]``, and write it back
+    into the checkpoint. Returns the loss per step."""
     from safetensors.torch import load_file, save_file
 
     from draftfit.eagle_head import (
@@ -250,10 +258,9 @@ def train_mtp_layer(target: Path, sequences: list[np.ndarray], response_starts: 
     data = [(torch.as_tensor(s, dtype=torch.long), states(s[:-1]), p) for s, p in zip(sequences, response_starts, strict=True)]
     trained = {name: value.requires_grad_() for name, value in head.t.items() if name != "lm_head"}
     optimiser = torch.optim.Adam(trained.values(), lr=lr)
-    rng = np.random.default_rng(seed)
     losses = []
-    for _ in range(steps):
-        seq, state, start = data[int(rng.integers(len(data)))]
+    for i in draws:
+        seq, state, start = data[i]
         out, _, _, _ = head.prefix_pass(seq, state[: len(seq) - 2])  # position p reads token p+1, predicts p+2
         loss = torch.nn.functional.cross_entropy(head.logits(out[start - 2 :]), seq[start:])
         optimiser.zero_grad()
