@@ -91,7 +91,7 @@ class GpuStepTime:
         memory   = (weights read ÷ TP + K · KV bytes per token per GPU) ÷ (HBM B/s · memory efficiency)
                    weights read: the dense part whole, a MoE's routed experts in the share the n
                    tokens touch, quantized layers at their bytes and the rest in the activation dtype
-        compute  = (2 · active matmul params · n + 4 · layers · heads · head_dim · n · K/B) ÷ TP
+        compute  = (2 · active matmul params · n + 2 · Σ layers · heads · (key + value width) · n · K/B) ÷ TP
                    ÷ (bf16 FLOP/s · compute efficiency)
         gpu      = (memory^p + compute^p)^(1/p)       a smooth memory→compute transition
         allreduce = 2 · layers · (latency + 2(TP−1)/TP · n · hidden · bytes ÷ all-reduce B/s)
@@ -161,10 +161,9 @@ class GpuStepTime:
     def compute_time(self, batched_tokens: Any, kv_tokens: Any, seqs: Any = None) -> np.ndarray:
         n = np.asarray(batched_tokens, float)
         b = n if seqs is None else np.asarray(seqs, float)
-        context = self.shape.attended_tokens(np.asarray(kv_tokens, float) / np.maximum(b, 1.0))
         shape = self.shape
         matmul = shape.active_params - (0.0 if shape.tied_embeddings else shape.embedding_params)
-        attention = 4.0 * shape.kv_layers * shape.num_heads * shape.head_dim * n * context
+        attention = n * shape.attention_flops(np.asarray(kv_tokens, float) / np.maximum(b, 1.0))
         flops = (2.0 * matmul * n + attention) / self.tensor_parallel_size
         return flops / (self.gpu.bf16_flops * self.constants.compute_efficiency)
 

@@ -301,7 +301,8 @@ def _attention_widths(cfg: Mapping[str, Any], head_dim: int) -> dict[str, int]:
         widths["v_head_dim"] = int(cfg["v_head_dim"])
     if cfg.get("swa_num_key_value_heads"):
         key = int(cfg.get("swa_head_dim") or head_dim)
-        widths |= {"sliding_kv_heads": int(cfg["swa_num_key_value_heads"]), "sliding_head_dim": key,
+        widths |= {"sliding_heads": int(cfg.get("swa_num_attention_heads") or 0),
+                   "sliding_kv_heads": int(cfg["swa_num_key_value_heads"]), "sliding_head_dim": key,
                    "sliding_v_head_dim": int(cfg.get("swa_v_head_dim") or key)}
     return widths
 
@@ -381,6 +382,7 @@ class ModelShape:
     sliding_window: int = 0
     v_head_dim: int = 0  # the values' width where it is not the keys' (MiMo-V2: 128 against 192); 0: head_dim
     # a sliding-window layer's KV heads and widths where they are its own (MiMo-V2's swa_*); 0: the full layers'
+    sliding_heads: int = 0  # query heads
     sliding_kv_heads: int = 0
     sliding_head_dim: int = 0
     sliding_v_head_dim: int = 0
@@ -557,13 +559,19 @@ class ModelShape:
         (a sliding-window layer's KV stops growing at its window: :meth:`window_tokens`)."""
         return self.full_kv_layers * self.kv_layer_bytes(kv_dtype_bytes, tensor_parallel_size)
 
-    def attended_tokens(self, context: Any) -> np.ndarray:
-        """Context tokens the KV layers of one sequence read in a decode step, summed over the layers,
-        per layer: ``context`` where every layer attends to all of it, less where some see only a window."""
+    def attention_flops(self, context: Any) -> np.ndarray:
+        """FLOPs of one query token's attention over ``context`` tokens of its sequence, summed over the
+        KV layers: scores (2 · heads · key width) and weighted values (2 · heads · value width) per token
+        read, each layer kind by its own widths (a window layer's ``swa_*``), a window layer over at most
+        its window. Latent attention's widths are in ``head_dim`` (:meth:`from_config`)."""
         ctx = np.asarray(context, float)
+        full = 2.0 * self.num_heads * (self.head_dim + (self.v_head_dim or self.head_dim)) * self.full_kv_layers * ctx
         if not self.sliding_layers:
-            return ctx
-        return (self.full_kv_layers * ctx + self.sliding_layers * np.minimum(ctx, self.sliding_window)) / self.kv_layers
+            return full
+        key = self.sliding_head_dim or self.head_dim
+        value = self.sliding_v_head_dim or self.v_head_dim or key
+        heads = self.sliding_heads or self.num_heads
+        return full + 2.0 * heads * (key + value) * self.sliding_layers * np.minimum(ctx, self.sliding_window)
 
     def window_tokens(self, tokens: int, in_flight_tokens: int = 0, block_tokens: int = KV_BLOCK_TOKENS) -> int:
         """Token slots vLLM holds per sequence in each sliding-window layer: the last window − 1 tokens
@@ -634,7 +642,7 @@ def _estimate_params(
     attn = hidden * q_dim + hidden * kv_dim + hidden * kv_heads * value + heads * value * hidden
     window_attn = None  # a sliding-window layer's own attention, where its sizes are its own
     if widths.get("sliding_kv_heads"):
-        w_heads = int(cfg.get("swa_num_attention_heads") or heads)
+        w_heads = widths["sliding_heads"] or heads
         w_key, w_kv = widths["sliding_head_dim"], widths["sliding_kv_heads"]
         w_value = widths["sliding_v_head_dim"]
         window_attn = hidden * w_heads * w_key + hidden * w_kv * (w_key + w_value) + w_heads * w_value * hidden

@@ -176,7 +176,11 @@ def test_attention_flops_grow_with_context():
     step = gpu_step()
     short = float(step.compute_time(64, 64 * 100, 64))
     long = float(step.compute_time(64, 64 * 30_000, 64))
-    assert long > 2 * short  # 4·layers·heads·head_dim·n·context FLOPs
+    assert long > 2 * short  # 2·layers·heads·(key + value width)·n·context FLOPs
+    # exactly the shape's attention FLOPs per query token over each sequence's context, beside the matmuls
+    added = float(step.compute_time(64, 64 * 30_000, 64) - step.compute_time(64, 0, 64))
+    assert added == pytest.approx(64 * float(step.shape.attention_flops(30_000))
+                                  / (step.gpu.bf16_flops * step.constants.compute_efficiency), rel=1e-12)
 
 
 def test_k_draft_passes_cost_k_fixed_costs():

@@ -230,10 +230,11 @@ def test_sliding_window_layers_keep_only_their_window():
     assert shape.kv_bytes_per_token(2) == 18 * 2 * 8 * 64 * 2  # only the full layers grow with the context
     assert shape.window_tokens(100_000) == (8 + 1) * 16 and shape.window_tokens(50) == (4 + 1) * 16
     assert shape.window_tokens(100_000, in_flight_tokens=1024) == (72 + 1) * 16  # 127 + 1024 tokens
-    assert float(shape.attended_tokens(100)) == 100  # within the window every layer reads it all
-    assert float(shape.attended_tokens(10_128)) == (18 * 10_128 + 18 * 128) / 36
+    per_token = 2 * 64 * (64 + 64)  # scores and weighted values of one layer's 64 heads over one token
+    assert float(shape.attention_flops(100)) == 36 * per_token * 100  # within the window every layer reads it all
+    assert float(shape.attention_flops(10_128)) == per_token * (18 * 10_128 + 18 * 128)
     qwen2 = ModelShape.from_config({**GPT_OSS_120B, "model_type": "qwen2", "sliding_window": 4096, "use_sliding_window": False})
-    assert qwen2.sliding_layers == 0 and float(qwen2.attended_tokens(10_000)) == 10_000  # its window is off
+    assert qwen2.sliding_layers == 0 and float(qwen2.attention_flops(10_000)) == 36 * per_token * 10_000  # its window is off
 
 
 def test_vllm_pads_the_smaller_kind_of_layers_to_whole_groups():
@@ -421,6 +422,8 @@ def test_mimo_v2_flashs_window_layers_and_widths():
     assert shape.kv_layer_bytes(2.0) == 4 * (192 + 128) * 2 and shape.kv_layer_bytes(2.0, sliding=True) == 8 * (192 + 128) * 2
     # a decode step at 4,096 tokens reads every global layer's context and every window layer's last 128 tokens
     assert float(shape.kv_read_bytes(4096)) == 9 * 2560 * 4096 + 39 * 5120 * 128
+    # its attention: 64 query heads in both kinds, scores over 192-wide keys, values 128 wide
+    assert float(shape.attention_flops(4096)) == 2 * 64 * (192 + 128) * (9 * 4096 + 39 * 128)
     assert mtp_layer_count(MIMO_V2_FLASH) == 1
     mtp = get_method("mtp").draft_shape(MIMO_V2_FLASH, "MiMo-V2-Flash MTP")
     assert (mtp.num_experts, mtp.sliding_layers, mtp.kv_layer_bytes(2.0, sliding=True)) == (0, 1, 8 * 320 * 2)
