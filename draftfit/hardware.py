@@ -448,6 +448,7 @@ class ModelShape:
             n_experts,
             per_token,
             sliding=window.get("sliding_layers", 0),
+            widths=widths,
         )
         source = "estimated from config.json"
         if params is not None:
@@ -536,11 +537,17 @@ class ModelShape:
         dim · bytes on every GPU (not split by TP)."""
         if self.kv_latent_dim:
             return float(self.kv_latent_dim * kv_dtype_bytes)
-        heads, key, value = self.num_kv_heads, self.head_dim, self.v_head_dim or self.head_dim
-        if sliding and self.sliding_kv_heads:
-            heads, key = self.sliding_kv_heads, self.sliding_head_dim or key
-            value = self.sliding_v_head_dim or key
+        _, heads, key, value = self._widths(sliding)
         return max(1, heads // tensor_parallel_size) * (key + value) * kv_dtype_bytes
+
+    def _widths(self, sliding: bool = False) -> tuple[int, int, int, int]:
+        """A layer kind's query heads, KV heads, key width and value width: a ``sliding`` layer's own
+        where the config names them (MiMo-V2's ``swa_*``), else the full layers'."""
+        full = (self.num_heads, self.num_kv_heads, self.head_dim, self.v_head_dim or self.head_dim)
+        if not (sliding and self.sliding_kv_heads):
+            return full
+        key = self.sliding_head_dim or self.head_dim
+        return self.sliding_heads or self.num_heads, self.sliding_kv_heads, key, self.sliding_v_head_dim or key
 
     def kv_read_bytes(self, context: Any, kv_dtype_bytes: float = 2.0, tensor_parallel_size: int = 1) -> np.ndarray:
         """KV bytes one sequence's decode step reads on one GPU at ``context`` tokens: every full
@@ -565,12 +572,11 @@ class ModelShape:
         read, each layer kind by its own widths (a window layer's ``swa_*``), a window layer over at most
         its window. Latent attention's widths are in ``head_dim`` (:meth:`from_config`)."""
         ctx = np.asarray(context, float)
-        full = 2.0 * self.num_heads * (self.head_dim + (self.v_head_dim or self.head_dim)) * self.full_kv_layers * ctx
+        heads, _, key, value = self._widths()
+        full = 2.0 * heads * (key + value) * self.full_kv_layers * ctx
         if not self.sliding_layers:
             return full
-        key = self.sliding_head_dim or self.head_dim
-        value = self.sliding_v_head_dim or self.v_head_dim or key
-        heads = self.sliding_heads or self.num_heads
+        heads, _, key, value = self._widths(sliding=True)
         return full + 2.0 * heads * (key + value) * self.sliding_layers * np.minimum(ctx, self.sliding_window)
 
     def window_tokens(self, tokens: int, in_flight_tokens: int = 0, block_tokens: int = KV_BLOCK_TOKENS) -> int:
@@ -632,11 +638,12 @@ def _estimate_params(
     n_experts: int,
     per_token: int,
     sliding: int = 0,
+    widths: Mapping[str, int] | None = None,
 ) -> tuple[float, float, float, float]:
     """Total and per-token-active parameters from the architecture (weights, biases, norms), the
     routed experts' share of the total, and the norms and routers. ``sliding`` layers are sized by
-    their own heads and widths where the config names them (MiMo-V2's ``swa_*``)."""
-    widths = _attention_widths(cfg, head_dim)
+    their own heads and widths where ``widths`` (:func:`_attention_widths`) names them (MiMo-V2's ``swa_*``)."""
+    widths = widths or {}
     value = widths.get("v_head_dim") or head_dim
     q_dim, kv_dim = heads * head_dim, kv_heads * head_dim
     attn = hidden * q_dim + hidden * kv_dim + hidden * kv_heads * value + heads * value * hidden
