@@ -61,6 +61,7 @@ class SpecConfig:
     quantization: str | None = None
     max_model_len: int | None = None
     use_heterogeneous_vocab: bool = False
+    model_in_config: bool | None = None  # the config names ``model`` (None: where the method's proposer takes one)
 
     def __post_init__(self) -> None:
         if get_method(self.method).uses_model and not self.model:
@@ -319,7 +320,7 @@ def vllm_command(
     cfg: dict[str, Any] = {}
     if method.names_method(v):
         cfg["method"] = spec.method
-    if spec.model and method.uses_model:
+    if spec.model and (method.uses_model if spec.model_in_config is None else spec.model_in_config):
         cfg["model"] = spec.model
     cfg["num_speculative_tokens"] = k
     if schedule is not None:

@@ -197,7 +197,7 @@ QWEN3_5_MTP_ARCHITECTURES = ("Qwen3_5ForConditionalGeneration", "Qwen3_5MoeForCo
 OFFLINE_MTP_LAYOUTS = ("MiMo's (vLLM's mimo_mtp), DeepSeek-V3's (deepseek_mtp), GLM-4.5's (glm4_moe_mtp), "
                        "GLM-4.7-Flash's (glm4_moe_lite_mtp), Qwen3-Next's (qwen3_next_mtp), Qwen3.5's "
                        "(qwen3_5_mtp), ERNIE-4.5's (ernie_mtp), K-EXAONE's (exaone_moe_mtp), Hunyuan 3's (hy_v3_mtp) and "
-                       "MiMo-V2-Flash's (mimo_v2_mtp)")
+                       "MiMo-V2-Flash's (mimo_v2_mtp), and Gemma 4's assistant (gemma4_mtp)")
 
 
 def mtp_layout(raw: dict[str, Any]) -> str | None:
@@ -1391,6 +1391,14 @@ MTP_LAYOUTS = {MTP_ARCHITECTURE: MTPHead, DEEPSEEK_MTP_ARCHITECTURE: DeepSeekMTP
 def load_head(directory: Path, target_dir: Path | None = None, method: str | None = None) -> Eagle3Head:
     """The head of ``directory`` as the class of its method (``method``, else what its config says;
     an MTP layer as the class of its target's layout)."""
+    from draftfit.compat.heads import is_assistant
+    from draftfit.gemma4_assistant import Gemma4Assistant
+
+    if method in (None, "mtp") and is_assistant(json.loads((Path(directory) / "config.json").read_text(encoding="utf-8"))):
+        if target_dir is None:
+            raise DraftfitError("a Gemma 4 assistant reads its target's embeddings", where=str(directory),
+                                fix="Pass the target's directory")
+        return Gemma4Assistant.load(directory, target_embeddings(target_dir))  # a draft of its own, beside the target
     config, _ = read_config(directory, method)
     cls = MTP_LAYOUTS[config.architecture] if config.method == "mtp" else HEADS[config.method]
     return cls.load(directory, target_dir)
@@ -1474,6 +1482,17 @@ class TargetStates:
 CHAINS_VERSION = 1
 
 
+def _target_pass(model, target_dir: Path, dtype: str | None):
+    """What the head reads of the target per sequence: its auxiliary states (a Gemma 4 assistant:
+    the last state and the keys and values its layers read)."""
+    from draftfit.gemma4_assistant import AssistantTargetStates, Gemma4Assistant
+
+    if isinstance(model, Gemma4Assistant):
+        return AssistantTargetStates(target_dir, dtype)
+    layers = text_config(json.loads((Path(target_dir) / "config.json").read_text(encoding="utf-8")))["num_hidden_layers"]
+    return TargetStates(target_dir, model.config.aux_layers(int(layers)), dtype, before_final_norm=model.config.before_final_norm)
+
+
 def head_chains(trajset, head: Path, target_dir: Path, head_fp: str, steps: int, stops: np.ndarray,
                 progress=lambda message: None, method: str | None = None) -> list[np.ndarray]:
     """The head's greedy chain of ``steps`` drafts from every step start of every response
@@ -1497,9 +1516,7 @@ def head_chains(trajset, head: Path, target_dir: Path, head_fp: str, steps: int,
             return [data[f"c{b}"] for b in range(len(trajset.trajectories))]
         cachedir.discard(final)
     model = load_head(head, target_dir, method)
-    layers = text_config(json.loads((Path(target_dir) / "config.json").read_text(encoding="utf-8")))["num_hidden_layers"]
-    states = TargetStates(target_dir, model.config.aux_layers(int(layers)), dtype if dtype in ("float32", "bfloat16", "float16") else None,
-                          before_final_norm=model.config.before_final_norm)
+    states = _target_pass(model, target_dir, dtype if dtype in ("float32", "bfloat16", "float16") else None)
     chains = []
     for b, traj in enumerate(trajset.trajectories):
         if b % 8 == 0:

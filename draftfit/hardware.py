@@ -387,6 +387,7 @@ class ModelShape:
     sliding_head_dim: int = 0
     sliding_v_head_dim: int = 0
     recurrent: RecurrentState | None = None  # a hybrid model's linear-attention layers' fixed state
+    kv_shared: bool = False  # its layers read the target's KV and keep none (Gemma 4's assistant)
 
     @classmethod
     def from_config(

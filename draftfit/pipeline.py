@@ -884,7 +884,8 @@ class RankRun:
                   "device": "gpu" if study.gpu else "cpu"}
         # a method whose checkpoint carries the target (MTP layers written into it) serves that instead
         plan = by_name.get(rec.candidate) if rec.candidate is not None else None
-        served = plan.deploy_model if plan is not None and get_method(rec.method).replaces_target and plan.deploy_model else None
+        served = plan.deploy_model if plan is not None and plan.deploy_model and \
+            get_method(rec.method).serves_in_target_place(plan.candidate) else None
         chosen = vllm_command(served or target_name, spec, **common)
         baseline = vllm_command(target_name, None, **common)
         prepare = [command for command in (None if served else target_prepare, draft_prepare) if command]

