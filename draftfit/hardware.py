@@ -271,24 +271,57 @@ _TIED_BY_DEFAULT = {"gpt2", "gemma", "gemma2", "gemma3", "gemma3_text", "opt"}
 KV_BLOCK_TOKENS = 16
 
 
+# Families whose full-attention layers have heads and widths of their own, per layer (Gemma 4's
+# ``per_layer_config``, or ``global_head_dim`` / ``num_global_key_value_heads`` before it)
+_PER_LAYER_WIDTH_FAMILIES = {"gemma4_text", "gemma4_unified_text"}
+
+
+def _hf_config(cfg: Mapping[str, Any], model_type: str):
+    """transformers' reading of ``cfg`` (the defaults it fills in, as vLLM reads them), or None."""
+    try:
+        from transformers import AutoConfig
+
+        return AutoConfig.for_model(model_type, **{key: value for key, value in cfg.items() if key != "model_type"})
+    except Exception:  # noqa: BLE001 — an unknown model type or a config transformers refuses
+        return None
+
+
+def _full_layer_widths(cfg: Mapping[str, Any], model_type: str) -> tuple[int, int] | None:
+    """A full-attention layer's (head_dim, KV heads) where the config sets them per layer (Gemma 4's:
+    512-wide heads, fewer of them, on its global layers), as transformers reads them; else None."""
+    if model_type not in _PER_LAYER_WIDTH_FAMILIES:
+        return None
+    hf = _hf_config(cfg, model_type)
+    kinds = list(getattr(hf, "layer_types", None) or ())
+    if "full_attention" not in kinds:
+        return None
+    layer = hf.per_layer_config[kinds.index("full_attention")]
+    return int(layer.head_dim), int(layer.num_key_value_heads)
+
+
+def _own_kv_kinds(cfg: Mapping[str, Any]) -> list[str] | None:
+    """The layer kinds of the layers that keep a KV cache of their own: all but the last
+    ``num_kv_shared_layers`` (Gemma 3n's and Gemma 4's, which read an earlier layer's) and the
+    linear-attention kinds; None where the config names no kinds."""
+    kinds = cfg.get("layer_types")
+    if kinds is None:
+        return None
+    shared = int(cfg.get("num_kv_shared_layers") or 0)
+    return [kind for kind in list(kinds)[: len(kinds) - shared] if kind not in _NO_KV_LAYERS]
+
+
 def _sliding(cfg: Mapping[str, Any], model_type: str) -> dict[str, int]:
     """The sliding-window layers a config names (``layer_types``, or MiMo-V2's ``hybrid_layer_pattern``;
     where a config leaves them out, as transformers derives them for its model type, e.g. gpt-oss
-    alternating from the first layer)."""
+    alternating from the first layer) that keep their own KV."""
     window = int(cfg.get("sliding_window") or cfg.get("sliding_window_size") or 0)
     if window <= 0:
         return {}
-    kinds = cfg.get("layer_types")
+    kinds = _own_kv_kinds(cfg)
     if kinds is None and isinstance(cfg.get("hybrid_layer_pattern"), list):  # MiMo-V2's: 1 for a window layer
         kinds = ["sliding_attention" if flag else "full_attention" for flag in cfg["hybrid_layer_pattern"]]
     if kinds is None:
-        try:
-            from transformers import AutoConfig
-
-            fields = {key: value for key, value in cfg.items() if key != "model_type"}
-            kinds = getattr(AutoConfig.for_model(model_type, **fields), "layer_types", None)
-        except Exception:  # noqa: BLE001 — an unknown model type or a config transformers refuses: no window read
-            kinds = None
+        kinds = getattr(_hf_config(cfg, model_type), "layer_types", None)
     count = sum(kind == "sliding_attention" for kind in kinds or ())
     return {"sliding_layers": count, "sliding_window": window} if count else {}
 
@@ -435,6 +468,12 @@ class ModelShape:
 
         window = _sliding(cfg, model_type)
         widths = _attention_widths(cfg, head_dim) if not latent else {}
+        full = _full_layer_widths(cfg, model_type)
+        if full is not None and full != (head_dim, kv_heads):  # the window layers keep the config's widths
+            if window:
+                widths |= {"sliding_heads": 0, "sliding_kv_heads": kv_heads, "sliding_head_dim": head_dim,
+                           "sliding_v_head_dim": head_dim}
+            head_dim, kv_heads = full
         total, active, experts, small = _estimate_params(
             cfg,
             model_type,
@@ -475,7 +514,7 @@ class ModelShape:
             expert_params=float(experts),
             kv_latent_dim=latent,
             norm_and_router_params=float(small),
-            attention_layers=sum(kind not in _NO_KV_LAYERS for kind in cfg.get("layer_types") or ()),
+            attention_layers=len(_own_kv_kinds(cfg) or ()),
             **window,
             **widths,
             recurrent=RecurrentState.from_config(cfg),

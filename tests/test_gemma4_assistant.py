@@ -235,3 +235,27 @@ def test_check_reads_an_assistant_as_vllm_pairs_it(tmp_path, smollm2_model):
     _, ordered = tiny_gemma4.build(tmp_path / "ordered", smollm2_model, ordered=True, narrow=True)
     result = CliRunner().invoke(cli, ["check", str(target), str(ordered)])
     assert result.exit_code == 0 and "Tried to instantiate dummy base class CUDAGraph" in result.output
+
+
+def test_the_published_e2b_assistants_config_reads_as_vllm_builds_it():
+    """google/gemma-4-E2B-it-assistant's own config.json (tests/data, *published*): three window
+    layers and a full one of 4 query heads — 256 wide on the window layers, 512 on the full one
+    (``global_head_dim``) — over the target's single KV head, ordered embeddings (2,048 centroids, 32
+    scored), a 1,536-wide target. Sized by hand: its LM head 262,144 × 256, each layer's queries and
+    outputs and gated MLP, the projections 3 × 1,536 × 256, the centroids 2,048 × 256; no KV."""
+    from pathlib import Path
+
+    from draftfit.methods import get_method
+
+    directory = Path(__file__).parent / "data" / "gemma-4-E2B-it-assistant"
+    config = AssistantConfig.read(directory)
+    assert (config.hidden_size, config.backbone_hidden_size, config.num_heads) == (256, 1536, 4)
+    assert config.layer_types == ("sliding_attention",) * 3 + ("full_attention",)
+    assert (config.centroids, config.sliding_window) == ((2048, 32), 512)
+    shape = get_method("mtp").assistant_shape(json.loads((directory / "config.json").read_text()), "E2B assistant")
+    assert shape.kv_shared and (shape.sliding_layers, shape.num_layers) == (3, 4)
+    assert (shape.head_dim, shape.num_kv_heads, shape.sliding_head_dim, shape.sliding_kv_heads) == (512, 1, 256, 1)
+    h = 256
+    layers = 3 * (2 * 4 * 256 * h) + 2 * 4 * 512 * h + 4 * 3 * 2048 * h
+    by_hand = 262_144 * h + layers + 3 * 1536 * h + 2048 * h
+    assert abs(shape.params - by_hand) <= 0.001 * by_hand, (shape.params, by_hand)  # the norms' few thousand

@@ -29,19 +29,27 @@ INIT, EMBED_INIT = 0.002, 0.03
 TRAINING_STEPS = 250
 
 
-def _text(hidden: int, intermediate: int, **extra):
+def _text(hidden: int, intermediate: int, layers: int = 2, **extra):
     from transformers import Gemma4TextConfig
 
-    return Gemma4TextConfig(
-        vocab_size=49152, hidden_size=hidden, intermediate_size=intermediate, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, head_dim=64, global_head_dim=64,
-        layer_types=["sliding_attention", "full_attention"], sliding_window=WINDOW, hidden_size_per_layer_input=0,
-        vocab_size_per_layer_input=0, max_position_embeddings=4096, bos_token_id=1, eos_token_id=2, pad_token_id=0,
-        initializer_range=INIT, **extra)
+    return Gemma4TextConfig(**{
+        "vocab_size": 49152, "hidden_size": hidden, "intermediate_size": intermediate, "num_hidden_layers": layers,
+        "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 64, "global_head_dim": 64,
+        "layer_types": ["sliding_attention", "full_attention"] * (layers // 2), "sliding_window": WINDOW,
+        "hidden_size_per_layer_input": 0, "vocab_size_per_layer_input": 0, "max_position_embeddings": 4096,
+        "bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 0, "initializer_range": INIT} | extra)
 
 
-def build(out: Path, tokenizer_dir: Path, *, ordered: bool = False, narrow: bool = False, seed: int = 0) -> tuple[Path, Path]:
-    """Write the target (``out/target``) and its untrained assistant (``out/assistant``).
+# Gemma 4's own KV shapes, shrunk: full layers with heads of their own (wider, fewer, keys as values)
+# and the last layers reading earlier layers' KV — what the KV sizing is checked on
+GLOBAL_WIDTHS = {"global_head_dim": 128, "num_global_key_value_heads": 1, "attention_k_eq_v": True}
+
+
+def build(out: Path, tokenizer_dir: Path, *, ordered: bool = False, narrow: bool = False, kv_shapes: bool = False,
+          seed: int = 0) -> tuple[Path, Path]:
+    """Write the target (``out/target``) and its untrained assistant (``out/assistant``). With
+    ``kv_shapes``, a four-layer target whose full layers keep ``GLOBAL_WIDTHS`` and whose last two
+    layers keep no KV of their own (a narrow assistant then).
 
     The assistant starts as the target's own layers (queries, MLPs, norms; the target's embedding
     as its LM head) reading the token's embedding alone, so its first draft starts near the
@@ -59,12 +67,14 @@ def build(out: Path, tokenizer_dir: Path, *, ordered: bool = False, narrow: bool
 
     torch.manual_seed(seed)
     target, assistant = out / "target", out / "assistant"
-    model = Gemma4ForCausalLM(_text(HIDDEN, 512)).float()
+    shapes = GLOBAL_WIDTHS if kv_shapes else {}
+    narrow = narrow or kv_shapes
+    model = Gemma4ForCausalLM(_text(HIDDEN, 512, **({"layers": 4, "num_kv_shared_layers": 2} | shapes if kv_shapes else {}))).float()
     with torch.no_grad():
         model.model.embed_tokens.weight.normal_(0.0, EMBED_INIT)
     model.save_pretrained(str(target))
     width = ASSISTANT_HIDDEN if narrow else HIDDEN
-    config = Gemma4AssistantConfig(text_config=_text(width, width * 2, num_kv_shared_layers=2), backbone_hidden_size=HIDDEN,
+    config = Gemma4AssistantConfig(text_config=_text(width, width * 2, num_kv_shared_layers=2, **shapes), backbone_hidden_size=HIDDEN,
                                    use_ordered_embeddings=ordered, num_centroids=CENTROIDS,
                                    centroid_intermediate_top_k=CENTROID_TOP_K)
     model = Gemma4AssistantForCausalLM(config).float()

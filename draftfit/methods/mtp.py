@@ -171,11 +171,15 @@ class MTP(EagleFamily):
 
         from draftfit.compat.files import text_config
 
-        config = text_config(raw)
+        # every layer reads KV (the target's): sized by its kinds as a model keeping its own would be
+        config = text_config(raw) | {"num_kv_shared_layers": 0}
         shape = super(EagleFamily, self).draft_shape(config, name)
         h, hb = shape.hidden_size, int(raw.get("backbone_hidden_size") or shape.hidden_size)
-        no_kv_projections = -2.0 * shape.num_layers * shape.num_kv_heads * shape.head_dim * h
-        return replace(with_extra_params(shape, no_kv_projections + 3.0 * hb * h), kv_shared=True)
+        sliding, full = shape.sliding_layers, shape.num_layers - shape.sliding_layers
+        no_kv_projections = -2.0 * h * (full * shape.num_kv_heads * shape.head_dim
+                                        + sliding * (shape.sliding_kv_heads or shape.num_kv_heads) * (shape.sliding_head_dim or shape.head_dim))
+        centroids = float(raw.get("num_centroids") or 2048) * h if raw.get("use_ordered_embeddings") else 0.0
+        return replace(with_extra_params(shape, no_kv_projections + 3.0 * hb * h + centroids), kv_shared=True)
 
     def label(self, draft: dict[str, Any]) -> str:
         if draft.get("trained"):
