@@ -133,7 +133,8 @@ class GpuStepTime:
         """Weight bytes one GPU reads in a pass over ``batched_tokens`` tokens."""
         n = np.asarray(batched_tokens, float)
         streamed = self.shape.streamed_params_for(n)
-        kept = self.shape.unquantized_params - self.shape.embedding_params  # the input embedding is a lookup
+        # the input embedding and the per-layer tables are lookups
+        kept = self.shape.unquantized_params - self.shape.embedding_params - self.shape.lookup_params
         quant, act = dtype_bytes(self.weight_dtype), dtype_bytes(self.activation_dtype)
         if quant >= act:
             kept = 0.0
@@ -162,7 +163,7 @@ class GpuStepTime:
         n = np.asarray(batched_tokens, float)
         b = n if seqs is None else np.asarray(seqs, float)
         shape = self.shape
-        matmul = shape.active_params - (0.0 if shape.tied_embeddings else shape.embedding_params)
+        matmul = shape.active_params - (0.0 if shape.tied_embeddings else shape.embedding_params) - shape.lookup_params
         attention = n * shape.attention_flops(np.asarray(kv_tokens, float) / np.maximum(b, 1.0))
         flops = (2.0 * matmul * n + attention) / self.tensor_parallel_size
         return flops / (self.gpu.bf16_flops * self.constants.compute_efficiency)

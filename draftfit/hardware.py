@@ -299,6 +299,19 @@ def _full_layer_widths(cfg: Mapping[str, Any], model_type: str) -> tuple[int, in
     return int(layer.head_dim), int(layer.num_key_value_heads)
 
 
+def _per_layer_embeddings(cfg: Mapping[str, Any], hidden: int, layers: int, vocab: int) -> tuple[float, float]:
+    """Gemma 4 E2B/E4B's (and Gemma 3n's) per-layer embeddings: (the tables, looked up a row per token
+    and layer; their projections and norms, read every pass). (0, 0) for other models."""
+    width = int(cfg.get("hidden_size_per_layer_input") or 0)
+    if not width:
+        return 0.0, 0.0
+    tables = int(cfg.get("vocab_size_per_layer_input") or vocab) * layers * width
+    # the model's projection of the embedding to every layer's input and its norm; each layer's
+    # gate and projection back, and their norm
+    projections = hidden * layers * width + width + layers * (2 * hidden * width + hidden)
+    return float(tables), float(projections)
+
+
 def _own_kv_kinds(cfg: Mapping[str, Any]) -> list[str] | None:
     """The layer kinds of the layers that keep a KV cache of their own: all but the last
     ``num_kv_shared_layers`` (Gemma 3n's and Gemma 4's, which read an earlier layer's) and the
@@ -421,6 +434,9 @@ class ModelShape:
     sliding_v_head_dim: int = 0
     recurrent: RecurrentState | None = None  # a hybrid model's linear-attention layers' fixed state
     kv_shared: bool = False  # its layers read the target's KV and keep none (Gemma 4's assistant)
+    # embedding tables besides the input embedding that are looked up, never read whole (Gemma 4
+    # E2B/E4B's per-layer embeddings): in the weights and kept unquantized, not in a step's reads
+    lookup_params: float = 0.0
 
     @classmethod
     def from_config(
@@ -490,6 +506,8 @@ class ModelShape:
             sliding=window.get("sliding_layers", 0),
             widths=widths,
         )
+        lookup, ple_projections = _per_layer_embeddings(cfg, hidden, layers, vocab)
+        total, active = total + lookup + ple_projections, active + lookup + ple_projections
         source = "estimated from config.json"
         if params is not None:
             active, experts = active * params / total, experts * params / total
@@ -514,6 +532,7 @@ class ModelShape:
             expert_params=float(experts),
             kv_latent_dim=latent,
             norm_and_router_params=float(small),
+            lookup_params=lookup * (float(params) / total if params is not None else 1.0),
             attention_layers=len(_own_kv_kinds(cfg) or ()),
             **window,
             **widths,
@@ -533,7 +552,7 @@ class ModelShape:
         """Parameters a quantized checkpoint keeps in the activation dtype in vLLM: the embeddings,
         the LM head, norms and MoE routers."""
         head = 0.0 if self.tied_embeddings else self.lm_head_params
-        return self.embedding_params + head + self.norm_and_router_params
+        return self.embedding_params + head + self.norm_and_router_params + self.lookup_params
 
     def touched_expert_fraction(self, tokens: Any) -> np.ndarray:
         """Expected share of a layer's routed experts that ``tokens`` tokens select together, each
@@ -555,9 +574,9 @@ class ModelShape:
         """Parameters read from memory every decode step.
 
         An input-embedding lookup reads only a few rows, so an untied input embedding is left
-        out; a tied one is read whole by the LM head.
+        out (and per-layer embedding tables); a tied one is read whole by the LM head.
         """
-        return self.params - (0.0 if self.tied_embeddings else self.embedding_params)
+        return self.params - (0.0 if self.tied_embeddings else self.embedding_params) - self.lookup_params
 
     @property
     def kv_layers(self) -> int:

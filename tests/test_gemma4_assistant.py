@@ -259,3 +259,26 @@ def test_the_published_e2b_assistants_config_reads_as_vllm_builds_it():
     layers = 3 * (2 * 4 * 256 * h) + 2 * 4 * 512 * h + 4 * 3 * 2048 * h
     by_hand = 262_144 * h + layers + 3 * 1536 * h + 2048 * h
     assert abs(shape.params - by_hand) <= 0.001 * by_hand, (shape.params, by_hand)  # the norms' few thousand
+
+
+def test_a_gemma4_targets_per_layer_embeddings_are_weights_looked_up(tmp_path, smollm2_model):
+    """Gemma 4 E2B/E4B's per-layer embeddings (``hidden_size_per_layer_input``): a table of
+    ``vocab_size_per_layer_input`` rows × every layer's input, counted in the weights (kept
+    unquantized) but not in a step's reads; their projections and norms read every pass. A tiny
+    Gemma 4 of that kind: the estimate counts its checkpoint's parameters, the tables exactly."""
+    from safetensors import safe_open
+    from transformers import Gemma4ForCausalLM
+
+    from draftfit.hardware import ModelShape
+
+    model = Gemma4ForCausalLM(tiny_gemma4._text(tiny_gemma4.HIDDEN, 512, layers=4, hidden_size_per_layer_input=32,
+                                                vocab_size_per_layer_input=4096, **tiny_gemma4.GLOBAL_WIDTHS))
+    model.save_pretrained(str(tmp_path))
+    with safe_open(str(tmp_path / "model.safetensors"), "pt") as handle:
+        sizes = {name: int(np.prod(handle.get_slice(name).get_shape())) for name in handle.keys()}
+    shape = ModelShape.from_config(json.loads((tmp_path / "config.json").read_text()))
+    assert shape.lookup_params == sizes["model.embed_tokens_per_layer.weight"] == 4096 * 4 * 32
+    stored = sum(sizes.values())
+    assert abs(shape.params - stored) <= 0.01 * stored, (shape.params, stored)
+    assert shape.streamed_params == shape.params - shape.lookup_params  # tied: the embedding read as the LM head
+    assert shape.unquantized_params >= shape.embedding_params + shape.lookup_params
