@@ -174,6 +174,9 @@ def test_rank_plans_an_assistant_beside_its_target(tmp_path, smollm2_model):
     assert command.argv[2] == "google/gemma-4"
     assert json.loads(command.argv[command.argv.index("--speculative-config") + 1]) == {
         "method": "mtp", "model": "./assistant", "num_speculative_tokens": 3}
+    older = vllm_command("google/gemma-4", SpecConfig(method="mtp", model="./assistant", num_speculative_tokens=3,
+                                                      **method.deploy_extra(candidate)), vllm_version="0.20.1")
+    assert not older.deployable and "issue 42005" in older.problem and "0.21.0" in older.problem
 
     shape = method.assistant_shape(json.loads((assistant / "config.json").read_text()), "assistant")
     with safe_open(str(assistant / "model.safetensors"), "pt") as handle:

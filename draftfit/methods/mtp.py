@@ -32,6 +32,12 @@ from draftfit.methods.base import (
 )
 from draftfit.methods.eagle import EagleFamily
 
+# Gemma 4's assistants: vLLM PR 41745 (merged 2026-05-06) added them; on 0.20.1 the assistant fails at
+# start-up (vLLM issue 42005, quoted below); reported working on 0.21.0 (vLLM PR 42180)
+ASSISTANT_SINCE = (0, 21, 0)
+ASSISTANT_REFUSED = ("NotImplementedError: Speculative Decoding with draft models or parallel drafting does not "
+                     "support multimodal model")
+
 
 class MTP(EagleFamily):
     name = "mtp"
@@ -86,6 +92,12 @@ class MTP(EagleFamily):
     def deploy_extra(self, candidate) -> dict[str, Any]:
         """A Gemma 4 assistant is named as the config's ``model``."""
         return {"model_in_config": True} if self._is_assistant_candidate(candidate) else {}
+
+    def deploy_refusal(self, spec, v, version) -> str | None:
+        if spec.model_in_config and v < ASSISTANT_SINCE:
+            return (f"vLLM {version} cannot serve a Gemma 4 assistant (vLLM 0.20.1: \"{ASSISTANT_REFUSED}\", vLLM "
+                    "issue 42005). Use vLLM ≥ 0.21.0")
+        return None
 
     @staticmethod
     def _assistant(model: str, trust_remote_code: bool = False) -> bool:
