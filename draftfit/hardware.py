@@ -312,6 +312,16 @@ def _per_layer_embeddings(cfg: Mapping[str, Any], hidden: int, layers: int, voca
     return float(tables), float(projections)
 
 
+def _kv_shared_kinds(cfg: Mapping[str, Any]) -> dict[str, int]:
+    """The last ``num_kv_shared_layers`` layers (which read an earlier layer's KV and keep none), by kind."""
+    shared, kinds = int(cfg.get("num_kv_shared_layers") or 0), list(cfg.get("layer_types") or ())
+    if not shared or not kinds:
+        return {}
+    readers = kinds[len(kinds) - shared:]
+    sliding = sum(kind == "sliding_attention" for kind in readers)
+    return {"shared_full_layers": len(readers) - sliding, "shared_sliding_layers": sliding}
+
+
 def _own_kv_kinds(cfg: Mapping[str, Any]) -> list[str] | None:
     """The layer kinds of the layers that keep a KV cache of their own: all but the last
     ``num_kv_shared_layers`` (Gemma 3n's and Gemma 4's, which read an earlier layer's) and the
@@ -437,6 +447,10 @@ class ModelShape:
     # embedding tables besides the input embedding that are looked up, never read whole (Gemma 4
     # E2B/E4B's per-layer embeddings): in the weights and kept unquantized, not in a step's reads
     lookup_params: float = 0.0
+    # layers that read an earlier layer's KV and keep none (Gemma 4's last num_kv_shared_layers), by kind:
+    # in a step's KV reads and attention, not in the cache
+    shared_full_layers: int = 0
+    shared_sliding_layers: int = 0
 
     @classmethod
     def from_config(
@@ -533,6 +547,7 @@ class ModelShape:
             kv_latent_dim=latent,
             norm_and_router_params=float(small),
             lookup_params=lookup * (float(params) / total if params is not None else 1.0),
+            **_kv_shared_kinds(cfg),
             attention_layers=len(_own_kv_kinds(cfg) or ()),
             **window,
             **widths,
@@ -610,13 +625,15 @@ class ModelShape:
 
     def kv_read_bytes(self, context: Any, kv_dtype_bytes: float = 2.0, tensor_parallel_size: int = 1) -> np.ndarray:
         """KV bytes one sequence's decode step reads on one GPU at ``context`` tokens: every full
-        layer's whole context, every sliding-window layer's last ``sliding_window`` tokens."""
+        layer's whole context, every sliding-window layer's last ``sliding_window`` tokens (the layers
+        that read an earlier layer's KV as well as those that keep it)."""
         ctx = np.asarray(context, float)
-        full = self.full_kv_layers * self.kv_layer_bytes(kv_dtype_bytes, tensor_parallel_size) * ctx
-        if not self.sliding_layers:
+        full = (self.full_kv_layers + self.shared_full_layers) * self.kv_layer_bytes(kv_dtype_bytes, tensor_parallel_size) * ctx
+        sliding = self.sliding_layers + self.shared_sliding_layers
+        if not sliding:
             return full
         window = self.kv_layer_bytes(kv_dtype_bytes, tensor_parallel_size, sliding=True)
-        return full + self.sliding_layers * window * np.minimum(ctx, self.sliding_window)
+        return full + sliding * window * np.minimum(ctx, self.sliding_window)
 
     def kv_bytes_per_token(
         self, kv_dtype_bytes: float = 2.0, tensor_parallel_size: int = 1
@@ -632,11 +649,12 @@ class ModelShape:
         its window. Latent attention's widths are in ``head_dim`` (:meth:`from_config`)."""
         ctx = np.asarray(context, float)
         heads, _, key, value = self._widths()
-        full = 2.0 * heads * (key + value) * self.full_kv_layers * ctx
-        if not self.sliding_layers:
+        full = 2.0 * heads * (key + value) * (self.full_kv_layers + self.shared_full_layers) * ctx
+        sliding = self.sliding_layers + self.shared_sliding_layers
+        if not sliding:
             return full
         heads, _, key, value = self._widths(sliding=True)
-        return full + 2.0 * heads * (key + value) * self.sliding_layers * np.minimum(ctx, self.sliding_window)
+        return full + 2.0 * heads * (key + value) * sliding * np.minimum(ctx, self.sliding_window)
 
     def window_tokens(self, tokens: int, in_flight_tokens: int = 0, block_tokens: int = KV_BLOCK_TOKENS) -> int:
         """Token slots vLLM holds per sequence in each sliding-window layer: the last window − 1 tokens

@@ -285,3 +285,20 @@ def test_a_gemma4_targets_per_layer_embeddings_are_weights_looked_up(tmp_path, s
     assert abs(shape.params - stored) <= 0.01 * stored, (shape.params, stored)
     assert shape.streamed_params == shape.params - shape.lookup_params  # tied: the embedding read as the LM head
     assert shape.unquantized_params >= shape.embedding_params + shape.lookup_params
+
+
+def test_layers_that_share_kv_read_it_and_keep_none():
+    """Gemma 4's last ``num_kv_shared_layers`` layers read their kind's last KV-keeping layer's cache:
+    no KV of their own, but their reads and attention are a step's like any layer's. Four layers
+    (window, full, window, full), the last two sharing: the cache of one window and one full layer,
+    the reads and attention of two of each."""
+    from draftfit.hardware import ModelShape
+
+    config = tiny_gemma4._text(tiny_gemma4.HIDDEN, 512, layers=4, num_kv_shared_layers=2, **tiny_gemma4.GLOBAL_WIDTHS).to_dict()
+    shape = ModelShape.from_config(config)
+    alone = ModelShape.from_config(config | {"num_kv_shared_layers": 0})
+    assert (shape.full_kv_layers, shape.sliding_layers, shape.shared_full_layers, shape.shared_sliding_layers) == (1, 1, 1, 1)
+    assert shape.kv_bytes_per_token(4.0) == alone.kv_bytes_per_token(4.0) / 2 == 1 * 128 * 2 * 4
+    for context in (8, 1000):
+        assert shape.kv_read_bytes(context, 4.0) == alone.kv_read_bytes(context, 4.0)
+        assert shape.attention_flops(context) == alone.attention_flops(context)
