@@ -130,13 +130,14 @@ class MTP(EagleFamily):
         beside the target."""
         from draftfit.refs import model_dir, resolve
 
+        config = {"method": self.name, "num_speculative_tokens": int(k)} | {
+            key: value for key, value in extra.items() if key != "draft_sample_method"}
+        if not candidate.draft.model:
+            return EngineSpec(config)
+        directory = model_dir(resolve(candidate.draft.model), trust_remote_code=trust_remote_code)
         if self._is_assistant_candidate(candidate):
-            directory = model_dir(resolve(candidate.draft.model), trust_remote_code=trust_remote_code)
-            extra = {key: value for key, value in extra.items() if key != "draft_sample_method"}
-            return EngineSpec({"method": self.name, "model": str(directory), "num_speculative_tokens": int(k)} | extra, directory)
-        served = model_dir(resolve(candidate.draft.model), trust_remote_code=trust_remote_code) if candidate.draft.model else None
-        extra = {key: value for key, value in extra.items() if key != "draft_sample_method"}
-        return EngineSpec({"method": self.name, "num_speculative_tokens": int(k)} | extra, target=served)
+            return EngineSpec({"model": str(directory)} | config, directory)
+        return EngineSpec(config, target=directory)
 
     def cost(self, plan: PlannedDraft, step_time, *, trust_remote_code: bool = False) -> CostTerms:
         """The layer's passes; vLLM shares the target's embedding and LM head with every MTP model."""
