@@ -41,7 +41,6 @@ import numpy as np
 from draftfit.compat.heads import ASSISTANT_TARGET_TYPES, is_assistant
 from draftfit.errors import DraftfitError
 
-ARCHITECTURE = "Gemma4AssistantForCausalLM"
 KINDS = ("sliding_attention", "full_attention")
 
 
@@ -66,8 +65,6 @@ class AssistantConfig:
     max_position_embeddings: int
     centroids: tuple[int, int] | None  # (num_centroids, centroid_intermediate_top_k) with ordered embeddings
     suppress_tokens: tuple[int, ...] = ()
-    method: str = "mtp"
-    architecture: str = ARCHITECTURE
 
     @property
     def num_layers(self) -> int:
@@ -97,8 +94,10 @@ class AssistantConfig:
             rope = dict.fromkeys(set(types), rope)
         for kind, params in rope.items():
             kind_type = params.get("rope_type") or "default"
-            if kind_type not in ("default", "proportional") or float(params.get("factor") or 1.0) != 1.0:
-                raise _not_modelled(f"{kind} RoPE {kind_type!r} (factor {params.get('factor')})", directory)
+            partial = float(params.get("partial_rotary_factor") or 1.0)
+            if kind_type not in ("default", "proportional") or float(params.get("factor") or 1.0) != 1.0 \
+                    or (kind_type == "default" and partial != 1.0):  # vLLM rotates a part of the head then
+                raise _not_modelled(f"{kind} RoPE {kind_type!r} (factor {params.get('factor')}, partial {partial})", directory)
         suppress: tuple[int, ...] = ()
         generation = directory / "generation_config.json"
         if generation.exists():
