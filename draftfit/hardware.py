@@ -312,25 +312,22 @@ def _per_layer_embeddings(cfg: Mapping[str, Any], hidden: int, layers: int, voca
     return float(tables), float(projections)
 
 
-def _kv_shared_kinds(cfg: Mapping[str, Any]) -> dict[str, int]:
-    """The last ``num_kv_shared_layers`` layers (which read an earlier layer's KV and keep none), by kind."""
-    shared, kinds = int(cfg.get("num_kv_shared_layers") or 0), list(cfg.get("layer_types") or ())
-    if not shared or not kinds:
-        return {}
-    readers = kinds[len(kinds) - shared:]
-    sliding = sum(kind == "sliding_attention" for kind in readers)
-    return {"shared_full_layers": len(readers) - sliding, "shared_sliding_layers": sliding}
-
-
-def _own_kv_kinds(cfg: Mapping[str, Any]) -> list[str] | None:
-    """The layer kinds of the layers that keep a KV cache of their own: all but the last
-    ``num_kv_shared_layers`` (Gemma 3n's and Gemma 4's, which read an earlier layer's) and the
-    linear-attention kinds; None where the config names no kinds."""
+def kv_layer_kinds(cfg: Mapping[str, Any]) -> tuple[list[str], list[str]] | None:
+    """(the kinds of the layers that keep a KV cache of their own, the kinds of those that read an
+    earlier layer's and keep none): the last ``num_kv_shared_layers`` layers (Gemma 3n's and Gemma 4's)
+    are the second, linear-attention kinds in neither; None where the config names no kinds."""
     kinds = cfg.get("layer_types")
     if kinds is None:
         return None
-    shared = int(cfg.get("num_kv_shared_layers") or 0)
-    return [kind for kind in list(kinds)[: len(kinds) - shared] if kind not in _NO_KV_LAYERS]
+    split = len(kinds) - int(cfg.get("num_kv_shared_layers") or 0)
+    return [kind for kind in list(kinds)[:split] if kind not in _NO_KV_LAYERS], list(kinds)[split:]
+
+
+def _kv_shared_kinds(cfg: Mapping[str, Any]) -> dict[str, int]:
+    """The layers that read an earlier layer's KV, by kind (:class:`ModelShape`'s fields)."""
+    readers = (kv_layer_kinds(cfg) or ([], []))[1]
+    sliding = sum(kind == "sliding_attention" for kind in readers)
+    return {"shared_full_layers": len(readers) - sliding, "shared_sliding_layers": sliding} if readers else {}
 
 
 def _sliding(cfg: Mapping[str, Any], model_type: str) -> dict[str, int]:
@@ -340,7 +337,7 @@ def _sliding(cfg: Mapping[str, Any], model_type: str) -> dict[str, int]:
     window = int(cfg.get("sliding_window") or cfg.get("sliding_window_size") or 0)
     if window <= 0:
         return {}
-    kinds = _own_kv_kinds(cfg)
+    kinds = (kv_layer_kinds(cfg) or (None,))[0]
     if kinds is None and isinstance(cfg.get("hybrid_layer_pattern"), list):  # MiMo-V2's: 1 for a window layer
         kinds = ["sliding_attention" if flag else "full_attention" for flag in cfg["hybrid_layer_pattern"]]
     if kinds is None:
@@ -548,7 +545,7 @@ class ModelShape:
             norm_and_router_params=float(small),
             lookup_params=lookup * (float(params) / total if params is not None else 1.0),
             **_kv_shared_kinds(cfg),
-            attention_layers=len(_own_kv_kinds(cfg) or ()),
+            attention_layers=len((kv_layer_kinds(cfg) or ((),))[0]),
             **window,
             **widths,
             recurrent=RecurrentState.from_config(cfg),

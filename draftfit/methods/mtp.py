@@ -142,11 +142,12 @@ class MTP(EagleFamily):
     def cost(self, plan: PlannedDraft, step_time, *, trust_remote_code: bool = False) -> CostTerms:
         """The layer's passes; vLLM shares the target's embedding and LM head with every MTP model."""
         from draftfit.compat.files import text_config
+        from draftfit.compat.heads import is_assistant
         from draftfit.costmodel import ModelDraftCost
         from draftfit.refs import fingerprint, model_dir
 
         raw = json.loads((model_dir(plan.draft_ref) / "config.json").read_text(encoding="utf-8"))
-        if self._assistant(str(model_dir(plan.draft_ref))):
+        if is_assistant(raw):
             shape = self.assistant_shape(raw, f"{plan.draft_ref.name} (Gemma 4 assistant)")
             return CostTerms(ModelDraftCost(step_time(fingerprint(plan.draft_ref) + ":mtp", shape, self.name)), shape,
                              float(shape.params))
@@ -188,9 +189,9 @@ class MTP(EagleFamily):
         config = text_config(raw) | {"num_kv_shared_layers": 0}
         shape = super(EagleFamily, self).draft_shape(config, name)
         h, hb = shape.hidden_size, int(raw.get("backbone_hidden_size") or shape.hidden_size)
-        sliding, full = shape.sliding_layers, shape.num_layers - shape.sliding_layers
-        no_kv_projections = -2.0 * h * (full * shape.num_kv_heads * shape.head_dim
-                                        + sliding * (shape.sliding_kv_heads or shape.num_kv_heads) * (shape.sliding_head_dim or shape.head_dim))
+        # its layers have no key or value projections: a layer kind's are as wide as its KV per token
+        no_kv_projections = -h * (shape.full_kv_layers * shape.kv_layer_bytes(1.0)
+                                  + shape.sliding_layers * shape.kv_layer_bytes(1.0, sliding=True))
         centroids = float(raw.get("num_centroids") or 2048) * h if raw.get("use_ordered_embeddings") else 0.0
         return replace(with_extra_params(shape, no_kv_projections + 3.0 * hb * h + centroids), kv_shared=True)
 
