@@ -179,9 +179,6 @@ class Gemma4Assistant:
             named["lm_head"] = named["embed_tokens"]
         return cls(config, named, target_embed.float(), None if ordering is None else ordering.long())
 
-    def parameters(self) -> list:
-        return [v for v in self.t.values() if getattr(v, "requires_grad", False)]
-
     # --- passes -----------------------------------------------------------------------------
 
     def _rope(self, x, position, layer: int):
@@ -237,9 +234,6 @@ class Gemma4Assistant:
         if c.suppress_tokens:
             logits[:, list(c.suppress_tokens)] = float("-inf")
         return logits
-
-    def to_target(self, ids):
-        return ids
 
     def greedy_chains(self, seq: np.ndarray, target, first: int, last: int, steps: int) -> np.ndarray:
         """Draft tokens of the chain from every start ``first..last`` (``[last − first + 1, steps]``):
