@@ -215,13 +215,67 @@ def request_checks() -> list[dict]:
     out = []
     for log in yaml.safe_load((DATA / "kv_logs.yaml").read_text()).get("requests") or []:
         shape = ModelShape.from_config(json.loads((DATA / log["model"]["config"]).read_text()), name=log["id"])
-        hw = Hardware(load_catalog().get("H100 SXM"), log["tensor_parallel_size"], log["tensor_parallel_size"])
+        hw = Hardware(load_catalog().get(log["gpu"]), log["tensor_parallel_size"], log["tensor_parallel_size"])
         report = vram_report(hw, shape, None, kv_cache_dtype=log["kv_cache_dtype"], max_model_len=log["max_model_len"],
                              max_num_batched_tokens=log["max_num_batched_tokens"], vllm_version=log["vllm"])
         predicted = report.kv_target_bytes_per_request / 2**30
         out.append({"id": log["id"], "predicted_gib": predicted, "published_gib": log["needed_gib"],
                     "error": predicted / log["needed_gib"] - 1.0, "url": log["url"]})
     return out
+
+
+def weight_checks() -> list[dict]:
+    """Weights on one GPU, predicted (draftfit.vram.weight_bytes_per_gpu, MXFP4 experts laid out by the
+    kernel the log names), against what vLLM's published start-up logs say loading took."""
+    from draftfit.vram import mxfp4_layout, weight_bytes_per_gpu
+
+    out = []
+    for log in yaml.safe_load((DATA / "kv_logs.yaml").read_text()).get("weights") or []:
+        shape = ModelShape.from_config(json.loads((DATA / log["model"]["config"]).read_text()), name=log["id"])
+        gpu = load_catalog().get(log["gpu"])
+        layout = mxfp4_layout(gpu.arch, log["vllm"], backend=log.get("backend"))
+        predicted = weight_bytes_per_gpu(shape, log["model"]["weight_dtype"], log["tensor_parallel_size"], "bf16",
+                                         layout) / 2**30
+        out.append({"id": log["id"], "predicted_gib": predicted, "published_gib": log["loaded_gib"],
+                    "error": predicted / log["loaded_gib"] - 1.0, "url": log["url"]})
+    return out
+
+
+def reserve_gaps() -> list[dict]:
+    """What each published start-up left for the KV cache against what draftfit predicts it leaves
+    (the budget less the weights and the non-KV reserve), with vLLM's default number of sequences on
+    the GPU: a positive gap is memory vLLM kept outside the KV cache that draftfit does not reserve."""
+    from draftfit.hardware import Hardware
+    from draftfit.vram import mxfp4_layout, serve_defaults
+
+    data = yaml.safe_load((DATA / "kv_logs.yaml").read_text())
+    out = []
+    for log in [*data["logs"], *(data.get("requests") or []), *(data.get("weights") or [])]:
+        if "available_kv_gib" not in log:
+            continue
+        shape = ModelShape.from_config(json.loads((DATA / log["model"]["config"]).read_text()), name=log["id"])
+        gpu = load_catalog().get(log["gpu"])
+        tp = log["tensor_parallel_size"]
+        report = vram_report(Hardware(gpu, tp, tp), shape, None, target_dtype=log["model"]["weight_dtype"],
+                             kv_cache_dtype=log["kv_cache_dtype"], gpu_memory_utilization=log["gpu_memory_utilization"],
+                             max_model_len=1, reserved_bytes=None, constants=gpu_constants(log["gpu"]),
+                             vllm_version=log["vllm"], max_num_batched_tokens=log.get("max_num_batched_tokens"),
+                             mxfp4=mxfp4_layout(gpu.arch, log["vllm"], backend=log.get("backend")))
+        available = (report.budget_bytes - report.target_weight_bytes - report.reserved_bytes) / 2**30
+        out.append({"id": log["id"], "gpu": log["gpu"], "max_num_seqs": serve_defaults(gpu.name, gpu.memory_bytes)[1],
+                    "predicted_gib": available, "published_gib": log["available_kv_gib"],
+                    "gap_gib": available - log["available_kv_gib"]})
+    return out
+
+
+def _gib_checks(title: str, rows: list[dict], what: str, unmet: list[str]) -> None:
+    """Print published → predicted GiB figures; each off by more than the KV target is unmet."""
+    print("\n" + title)
+    for row in rows:
+        print(f"  {row['id']:36} {row['published_gib']:.2f} GiB → {row['predicted_gib']:.3f} GiB "
+              f"({100 * row['error']:+.1f}%)  {row['url']}")
+        if abs(row["error"]) > TARGETS["kv_abs"]:
+            unmet.append(f"{what} of {row['id']} off by more than {100 * TARGETS['kv_abs']:.0f}%")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -294,12 +348,17 @@ def main(argv: list[str] | None = None) -> int:
         if kv["role"] == "holdout" and abs(kv["error"]) > TARGETS["kv_abs"]:
             unmet.append(f"KV capacity of {kv['id']} off by more than {100 * TARGETS['kv_abs']:.0f}%")
 
-    print("\nKV one request at max_model_len needs (published start-up refusal → predicted):")
-    for req in request_checks():
-        print(f"  {req['id']:36} {req['published_gib']:.2f} GiB → {req['predicted_gib']:.3f} GiB "
-              f"({100 * req['error']:+.1f}%)  {req['url']}")
-        if abs(req["error"]) > TARGETS["kv_abs"]:
-            unmet.append(f"KV one request of {req['id']} needs off by more than {100 * TARGETS['kv_abs']:.0f}%")
+    _gib_checks("KV one request at max_model_len needs (published start-up refusal → predicted):", request_checks(),
+                "KV one request", unmet)
+    _gib_checks('Weights on one GPU (published "Model loading took" → predicted):', weight_checks(), "weights", unmet)
+
+    print("\nMemory left for the KV cache (published start-up → predicted; gap: what vLLM kept beyond the reserve):")
+    for g in reserve_gaps():
+        print(f"  {g['id']:36} {g['gpu']:14} {g['max_num_seqs']:>5} seqs  {g['published_gib']:6.2f} GiB → "
+              f"{g['predicted_gib']:6.2f} GiB  (gap {g['gap_gib']:+.2f} GiB)")
+        published, predicted = g["published_gib"], g["predicted_gib"]
+        if (published <= 0 < predicted) or (published > 0 and abs(predicted / published - 1.0) > TARGETS["kv_abs"]):
+            unmet.append(f"memory left for the KV cache in {g['id']} off by more than {100 * TARGETS['kv_abs']:.0f}%")
 
     spec_points = [p for p in points if p.k]
     coverage = {

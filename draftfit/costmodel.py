@@ -51,7 +51,7 @@ import numpy as np
 from draftfit.calibration import GpuConstants, check_constants
 from draftfit.errors import DraftfitError
 from draftfit.hardware import GPU, ModelShape, StepProfile, prefill_pairs
-from draftfit.vram import dtype_bytes
+from draftfit.vram import dtype_bytes, mxfp4_layout, stored_bytes
 
 DEFAULT_CONCURRENCY: tuple[int, ...] = (1, 4, 8, 16, 32)
 
@@ -132,13 +132,12 @@ class GpuStepTime:
     def weight_bytes(self, batched_tokens: Any) -> np.ndarray:
         """Weight bytes one GPU reads in a pass over ``batched_tokens`` tokens."""
         n = np.asarray(batched_tokens, float)
-        streamed = self.shape.streamed_params_for(n)
+        shape = self.shape
         # the input embedding and the per-layer tables are lookups
-        kept = self.shape.unquantized_params - self.shape.embedding_params - self.shape.lookup_params
-        quant, act = dtype_bytes(self.weight_dtype), dtype_bytes(self.activation_dtype)
-        if quant >= act:
-            kept = 0.0
-        return ((streamed - kept) * quant + kept * act) / self.tensor_parallel_size
+        kept = shape.unquantized_params - shape.embedding_params - shape.lookup_params
+        experts = shape.expert_params * shape.touched_expert_fraction(n)
+        return stored_bytes(shape, self.weight_dtype, self.activation_dtype, self.tensor_parallel_size,
+                            shape.streamed_params_for(n), experts, kept, mxfp4=mxfp4_layout(self.gpu.arch), held=False)
 
     @property
     def weight_bytes_per_step(self) -> float:

@@ -48,6 +48,8 @@ class GpuEntry(BaseModel):
     memory_gib: float = Field(gt=0)
     hbm_tb_per_s: float = Field(gt=0)
     bf16_tflops: float = Field(gt=0)
+    # the architecture vLLM's kernel selectors key on: "sm90" (CUDA compute capability 9.0), "rocm"
+    arch: str = ""
     source: str = ""
 
 
@@ -67,6 +69,7 @@ class GPU:
     bf16_flops: float
     aliases: tuple[str, ...] = ()
     source: str = ""
+    arch: str = ""  # "sm90", "sm100", "rocm", …: which kernels vLLM picks (MXFP4 experts' padding)
 
     @classmethod
     def from_entry(cls, entry: GpuEntry, origin: str) -> GPU:
@@ -78,6 +81,7 @@ class GPU:
             bf16_flops=entry.bf16_tflops * 1e12,
             aliases=tuple(entry.aliases),
             source=f"{origin}: {note}",
+            arch=entry.arch,
         )
 
     @property
@@ -91,6 +95,7 @@ class GPU:
             "memory_gib": self.memory_gib,
             "hbm_bytes_per_s": self.hbm_bytes_per_s,
             "bf16_flops": self.bf16_flops,
+            "arch": self.arch,
             "source": self.source,
         }
 
@@ -428,6 +433,7 @@ class ModelShape:
     num_experts: int = 0
     experts_per_token: int = 0
     expert_params: float = 0.0  # all routed experts of all layers (a MoE reads only those its tokens pick)
+    expert_intermediate_size: int = 0  # one routed expert's MLP width (kernels pad it: MXFP4)
     kv_latent_dim: int = 0  # multi-head latent attention (DeepSeek, MiniCPM3): cached elements per token per layer
     attention_layers: int = 0  # layers with a KV cache where others have none (linear attention); 0: every layer
     norm_and_router_params: float = 0.0  # what vLLM keeps unquantized besides embeddings and LM head
@@ -541,6 +547,7 @@ class ModelShape:
             num_experts=n_experts,
             experts_per_token=per_token,
             expert_params=float(experts),
+            expert_intermediate_size=_expert_width(cfg, intermediate) if n_experts else 0,
             kv_latent_dim=latent,
             norm_and_router_params=float(small),
             lookup_params=lookup * (float(params) / total if params is not None else 1.0),
@@ -698,6 +705,12 @@ class ModelShape:
         return asdict(self)
 
 
+def _expert_width(cfg: Mapping[str, Any], intermediate: int) -> int:
+    """One routed expert's MLP width. Hy3 names it expert_hidden_dim (what vLLM reads), transformers
+    moe_intermediate_size; gpt-oss and Mixtral use intermediate_size."""
+    return int(_first(cfg, "expert_hidden_dim", "moe_intermediate_size", default=intermediate))
+
+
 def _estimate_params(
     cfg: Mapping[str, Any],
     model_type: str,
@@ -763,8 +776,7 @@ def _estimate_params(
         dense_layers = sum(kind != "sparse" for kind in cfg["mlp_layer_types"][:layers])
     moe_layers = layers - dense_layers
     if n_experts:
-        # Hy3 names its experts' width expert_hidden_dim (what vLLM reads), transformers moe_intermediate_size
-        expert_width = int(_first(cfg, "expert_hidden_dim", "moe_intermediate_size", default=intermediate))
+        expert_width = _expert_width(cfg, intermediate)
         router = hidden * n_experts
         shared_width = int(_first(cfg, "shared_expert_intermediate_size", default=0) or 0)
         shared = mlp(shared_width) + hidden if shared_width else 0  # shared expert + its gate (Qwen-MoE)

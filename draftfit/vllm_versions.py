@@ -22,6 +22,10 @@ PER_BATCH_SIZE_K = (0, 24, 0)
 # vLLM 0.11 counted one (the gpt-oss-120b start-up error in benchmarks/published/kv_logs.yaml). The
 # releases between are not known: one is used for them.
 SLIDING_WINDOW_TWO_BATCHES = (0, 32, 0)
+# From this release the OAI Triton MoE kernels free the checkpoint's MXFP4 block scales once swizzled
+# (PR 46549, "Free unused MXFP4 scales in OAI Triton Backend"; read in the 0.24.0 and 0.25.0 sdists);
+# before it both copies stay allocated.
+TRITON_MXFP4_SCALES_FREED = (0, 25, 0)
 
 
 def unknown_version_reason(version: str) -> str | None:

@@ -12,8 +12,9 @@ share of every slot. Per GPU, as vLLM's profile run computes it (``determine_ava
 
 ``kv_cache_dtype`` "auto" is the activation dtype, not the weights' quantization. Quantized weights
 count the embeddings, LM head, norms and routers at the activation dtype (vLLM keeps them
-unquantized). The draft's weights and KV are at the draft's tensor-parallel size; an EAGLE or MTP
-head's own KV (its layers) is the head's shape's. Sliding-window layers and a hybrid model's
+unquantized). MXFP4 (gpt-oss) quantizes only the routed experts, padded as the MoE kernel vLLM picks
+on the GPU pads them (:func:`mxfp4_layout`). The draft's weights and KV are at the draft's
+tensor-parallel size; an EAGLE or MTP head's own KV (its layers) is the head's shape's. Sliding-window layers and a hybrid model's
 linear-attention state hold a fixed share per sequence instead (:meth:`ModelShape.kv_allocation`):
 capacity is then vLLM's — its maximum concurrency at max_model_len × max_model_len.
 """
@@ -31,6 +32,77 @@ from draftfit.hardware import GIB, KV_BLOCK_TOKENS, Hardware, ModelShape
 INT4_GROUP_SIZE = 128
 INT4_SCALE_BYTES_PER_PARAM = 2.0 / INT4_GROUP_SIZE
 
+# MXFP4 (OCP microscaling): 4-bit E2M1 values with one 8-bit E8M0 scale per block of 32
+MXFP4_BLOCK = 32
+# vLLM quantizes only a MoE's routed experts with these (its linear and attention layers keep the
+# activation dtype whatever the checkpoint's modules_to_not_convert say)
+EXPERTS_ONLY_QUANTIZATION = ("mxfp4",)
+
+
+@dataclass(frozen=True)
+class Mxfp4Layout:
+    """How vLLM holds MXFP4 routed experts on a GPU: the MoE kernel its selector picks there, the
+    alignments that kernel pads an expert's hidden width and (per TP shard) intermediate width to
+    (``mxfp4_round_up_hidden_size_and_intermediate_size``), and whether the checkpoint's block scales
+    stay allocated beside the kernel's swizzled copy (the OAI Triton kernels before vLLM 0.25.0)."""
+
+    backend: str
+    hidden_alignment: int
+    intermediate_alignment: int
+    dead_scales: bool = False
+    kind: str = "predicted"  # "bound" where the GPU's kernel is not known: the widest padding
+
+    def padding(self, shape: ModelShape, tensor_parallel_size: int = 1) -> float:
+        """How much the padding grows the routed experts' weights."""
+        if not shape.num_experts or not shape.expert_intermediate_size:
+            return 1.0
+        hidden, width, tp = shape.hidden_size, shape.expert_intermediate_size, tensor_parallel_size
+        shard = _round_up(math.ceil(width / tp), self.intermediate_alignment)
+        return _round_up(hidden, self.hidden_alignment) * shard * tp / (hidden * width)
+
+    def bytes_per_expert_param(self, *, held: bool) -> float:
+        """Bytes per (padded) expert parameter: values and scales, and the dead scales where
+        ``held`` (memory held, not what a step reads)."""
+        scales = 2.0 if held and self.dead_scales else 1.0
+        return 0.5 + scales / MXFP4_BLOCK
+
+
+def _round_up(value: int, alignment: int) -> int:
+    return math.ceil(value / alignment) * alignment
+
+
+# The MoE kernel vLLM 0.32 picks for MXFP4 experts (its gpt-oss priority list), by GPU architecture,
+# with the alignments it pads to: TRT-LLM on datacenter Blackwell (FlashInfer ships with vLLM's CUDA
+# wheels), the OAI Triton kernels on Hopper, Marlin below Hopper and on consumer Blackwell (ordered
+# before Triton there), Triton on ROCm (AITER only when enabled), 256 on both widths for gpt-oss's
+# activation.
+MXFP4_KERNELS: dict[str, tuple[str, int, int]] = {
+    "sm100": ("flashinfer-trtllm", 256, 128),
+    "sm90": ("triton", 1, 64),
+    "sm120": ("marlin", 256, 128),
+    "sm89": ("marlin", 256, 128),
+    "sm86": ("marlin", 256, 128),
+    "sm80": ("marlin", 256, 128),
+    "rocm": ("triton-rocm", 256, 256),
+}
+# the kernels' own alignments, for a published run that names its kernel
+MXFP4_KERNEL_ALIGNMENTS = {name: (hidden, inter) for name, hidden, inter in MXFP4_KERNELS.values()}
+
+
+def mxfp4_layout(arch: str, vllm_version: str | None = None, *, backend: str | None = None) -> Mxfp4Layout:
+    """The MXFP4 expert layout vLLM uses on a GPU of architecture ``arch`` (the catalog's ``arch``),
+    or with the named ``backend``; an unknown architecture gets the widest padding any of the kernels
+    applies, as a bound. ``vllm_version`` None: the current release."""
+    from draftfit.vllm_versions import TRITON_MXFP4_SCALES_FREED, parse_version
+
+    if backend is None and arch not in MXFP4_KERNELS:
+        return Mxfp4Layout("unknown (widest padding)", 256, 256, kind="bound")
+    name = backend or MXFP4_KERNELS[arch][0]
+    hidden, inter = MXFP4_KERNEL_ALIGNMENTS[name]
+    dead = name == "triton" and vllm_version is not None and parse_version(vllm_version) < TRITON_MXFP4_SCALES_FREED
+    return Mxfp4Layout(name, hidden, inter, dead_scales=dead)
+
+
 _DTYPE_BYTES: dict[str, float] = {
     "fp32": 4.0,
     "float32": 4.0,
@@ -47,6 +119,7 @@ _DTYPE_BYTES: dict[str, float] = {
     "int4": 0.5 + INT4_SCALE_BYTES_PER_PARAM,
     "awq": 0.5 + INT4_SCALE_BYTES_PER_PARAM,
     "gptq": 0.5 + INT4_SCALE_BYTES_PER_PARAM,
+    "mxfp4": 0.5 + 1.0 / MXFP4_BLOCK,
 }
 
 
@@ -67,15 +140,38 @@ def dtype_bytes(dtype: str | float | int) -> float:
     return _DTYPE_BYTES[key]
 
 
+def experts_only(dtype: str | float) -> bool:
+    """Whether vLLM quantizes only the routed experts with ``dtype`` (MXFP4)."""
+    return isinstance(dtype, str) and dtype.strip().lower() in EXPERTS_ONLY_QUANTIZATION
+
+
+def stored_bytes(shape: ModelShape, dtype: str | float, activation_dtype: str, tensor_parallel_size: int,
+                 params: Any, expert_params: Any, kept_params: float, *, mxfp4: Mxfp4Layout | None = None,
+                 held: bool = True) -> Any:
+    """Bytes one GPU holds (``held``) or a pass reads for ``params`` parameters of ``shape``,
+    ``expert_params`` of them routed experts' and ``kept_params`` what vLLM keeps unquantized
+    (embeddings, LM head, norms, routers): quantized at ``dtype``, the rest at the activation dtype,
+    ÷ TP. MXFP4 quantizes the experts alone, laid out as ``mxfp4`` says (default: the widest padding)."""
+    quant, act = dtype_bytes(dtype), dtype_bytes(activation_dtype)
+    tp = tensor_parallel_size
+    if quant >= act:
+        return params * quant / tp
+    if experts_only(dtype):
+        layout = mxfp4 or mxfp4_layout("")
+        experts = expert_params * layout.padding(shape, tp) * layout.bytes_per_expert_param(held=held)
+        return ((params - expert_params) * act + experts) / tp
+    return ((params - kept_params) * quant + kept_params * act) / tp
+
+
 def weight_bytes_per_gpu(
-    shape: ModelShape, dtype: str | float, tensor_parallel_size: int = 1, activation_dtype: str = "bf16"
+    shape: ModelShape, dtype: str | float, tensor_parallel_size: int = 1, activation_dtype: str = "bf16",
+    mxfp4: Mxfp4Layout | None = None,
 ) -> float:
     """Weights one GPU holds: the quantized params at ``dtype`` and what vLLM keeps unquantized
     (embeddings, LM head, norms, routers) at the activation dtype, ÷ TP (vocab-parallel embeddings
     and LM head are sharded too; replicated norms are negligible)."""
-    quant, act = dtype_bytes(dtype), dtype_bytes(activation_dtype)
-    kept = shape.unquantized_params if quant < act else 0.0
-    return ((shape.params - kept) * quant + kept * act) / tensor_parallel_size
+    return float(stored_bytes(shape, dtype, activation_dtype, tensor_parallel_size, shape.params,
+                              shape.expert_params, shape.unquantized_params, mxfp4=mxfp4))
 
 
 # vLLM's defaults for `vllm serve` on a GPU of the H100 class (V1 engine).
@@ -311,6 +407,7 @@ def vram_report(
     vllm_version: str | None = None,
     num_speculative_tokens: int = 0,
     layout: KvLayout = KvLayout(),
+    mxfp4: Mxfp4Layout | None = None,
 ) -> VramReport:
     """Predict per-GPU memory, KV capacity lost to the draft, and fit / no-fit.
 
@@ -320,7 +417,8 @@ def vram_report(
     the length each of ``concurrency`` sequences must be able to reach. ``reserved_bytes=None``
     computes vLLM's non-KV reserve (:func:`non_kv_reserve_bytes`, with ``constants`` of the GPU,
     ``vllm serve``'s batch defaults for this GPU unless given, and CUDA graphs in the reserve unless
-    ``vllm_version`` is older than 0.21). The budget is ``gpu_memory_utilization`` of the memory the
+    ``vllm_version`` is older than 0.21); MXFP4 experts as ``mxfp4`` lays them out (default: the kernel
+    vLLM picks on the GPU, :func:`mxfp4_layout`). The budget is ``gpu_memory_utilization`` of the memory the
     driver reports (``constants.usable_memory_fraction`` of the catalog's). The engine's ``layout``
     sets the block a sliding-window layer keeps its window in, with one batch in flight or two under
     async scheduling (:func:`in_flight_tokens`). A hybrid model's linear-attention layers keep their
@@ -358,8 +456,9 @@ def vram_report(
                                               max_num_batched_tokens=max_num_batched_tokens or tokens,
                                               max_num_seqs=max_num_seqs or seqs, activation_dtype=activation_dtype)
 
-    target_w = weight_bytes_per_gpu(target, target_dtype, tp, activation_dtype)
-    draft_w = weight_bytes_per_gpu(draft, draft_dtype, draft_tp, activation_dtype) if draft is not None else 0.0
+    mxfp4 = mxfp4 or mxfp4_layout(hardware.gpu.arch, vllm_version)
+    target_w = weight_bytes_per_gpu(target, target_dtype, tp, activation_dtype, mxfp4)
+    draft_w = weight_bytes_per_gpu(draft, draft_dtype, draft_tp, activation_dtype, mxfp4) if draft is not None else 0.0
     in_flight = in_flight_tokens(max_num_batched_tokens or tokens, vllm_version, async_scheduling=layout.async_scheduling)
 
     state_bytes = dtype_bytes(activation_dtype)
@@ -455,6 +554,10 @@ __all__ = [
     "VLLM_CPU",
     "VramReport",
     "dtype_bytes",
+    "experts_only",
+    "Mxfp4Layout",
+    "mxfp4_layout",
+    "stored_bytes",
     "vram_report",
     "weight_bytes_per_gpu",
 ]

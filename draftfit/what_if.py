@@ -21,11 +21,15 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from draftfit.errors import DraftfitError
+
+if TYPE_CHECKING:
+    from draftfit.hardware import GPU
+    from draftfit.vram import Mxfp4Layout
 
 SCHEMA_VERSION = 1  # of `draftfit predict --json` (docs/predict-json.md)
 DEFAULT_INPUT_LEN = 512
@@ -129,6 +133,25 @@ def calibration_note(constants, *, concurrency: int, tensor_parallel_size: int) 
     return note + (f"; not checked against published data at {' or '.join(untested)}" if untested else "")
 
 
+# Published H100 start-ups at vLLM's default of 1,024 sequences kept this much more per GPU outside the
+# KV cache than draftfit's reserve (benchmarks/published_gpu.py: gpt-oss-120b on vLLM 0.10.1 and 0.11,
+# Qwen3-235B-FP8 on four GPUs); the A100 logs at 256 sequences at most 0.8 GiB. Not yet explained.
+UNEXPLAINED_RESERVE_GIB = (5.3, 7.9)
+
+
+def reserve_note(gpu: GPU) -> list[str]:
+    """A caution where ``vllm serve`` on ``gpu`` defaults to 1,024 sequences: there the published
+    start-ups kept more outside the KV cache than the reserve model says."""
+    from draftfit.vram import serve_defaults
+
+    if serve_defaults(gpu.name, gpu.memory_bytes)[1] < 1024:
+        return []
+    low, high = UNEXPLAINED_RESERVE_GIB
+    return [f"KV capacity: published start-ups on H100s at vLLM's default of 1,024 sequences kept {low}–{high} GiB "
+            "more per GPU outside the KV cache than this reserve (benchmarks/published_gpu.py); the KV capacity "
+            "here may be overstated by as much"]
+
+
 def model_config(spec: str, *, trust_remote_code: bool = False) -> tuple[dict[str, Any], str]:
     """A model reference's config.json (a directory holding only config.json suffices) and its name."""
     from draftfit.refs import metadata_dir, resolve
@@ -148,7 +171,7 @@ def model_config(spec: str, *, trust_remote_code: bool = False) -> tuple[dict[st
         raise DraftfitError(f"config.json is not readable JSON ({exc})", where=spec, fix="Fix or replace config.json") from exc
 
 
-MODELLED_QUANTIZATION = ("fp8", "awq", "gptq")
+MODELLED_QUANTIZATION = ("fp8", "awq", "gptq", "mxfp4")
 
 
 def unmodelled_quantization(config: dict[str, Any]) -> str | None:
@@ -157,8 +180,22 @@ def unmodelled_quantization(config: dict[str, Any]) -> str | None:
     return None if quant in (None, *MODELLED_QUANTIZATION) else str(quant)
 
 
-def quantization_notes(role: str, config: dict[str, Any], dtype: str) -> list[str]:
-    """A note where the ``role`` model's quantization is not modelled and its weights are read as ``dtype``."""
+def quantization_notes(role: str, config: dict[str, Any], dtype: str, mxfp4: Mxfp4Layout | None = None) -> list[str]:
+    """A note where the ``role`` model's quantization is not modelled and its weights are read as
+    ``dtype``; for MXFP4 experts, how they are held (``mxfp4``: the layout on the GPU)."""
+    from draftfit.vram import experts_only, mxfp4_layout
+
+    if experts_only(dtype):
+        layout = mxfp4 or mxfp4_layout("")
+        if layout.kind == "bound":
+            return [f"weights: the {role}'s {dtype} experts are sized at the widest padding of vLLM's MoE kernels "
+                    f"({layout.hidden_alignment}-aligned widths), as the GPU's architecture is not in the catalog: an "
+                    "upper bound on its weights (a lower bound on the KV capacity)"]
+        hidden = (f"the hidden width padded to a multiple of {layout.hidden_alignment}" if layout.hidden_alignment > 1
+                  else "the hidden width unpadded")
+        return [f"weights: the {role}'s {dtype} experts as vLLM's {layout.backend} MoE kernel holds them on this GPU "
+                f"({hidden}, the intermediate width to a multiple of {layout.intermediate_alignment} per shard); "
+                "the rest at the activation dtype"]
     quant = unmodelled_quantization(config)
     if quant is None:
         return []
@@ -200,7 +237,7 @@ def predict_what_if(
     from draftfit.costmodel import GpuStepTime, predict_costs
     from draftfit.hardware import ModelShape, load_catalog, parse_hardware
     from draftfit.methods import CANDIDATE_METHODS, get_method
-    from draftfit.vram import KvLayout, dtype_bytes, vram_report
+    from draftfit.vram import KvLayout, dtype_bytes, mxfp4_layout, vram_report
 
     hardware = parse_hardware(f"{gpu_count}x {gpu}", catalog=load_catalog(gpu_catalog), tensor_parallel_size=tensor_parallel_size)
     if kv_cache_dtype not in (None, "auto"):
@@ -235,7 +272,9 @@ def predict_what_if(
     max_len = int(max_model_len or target_config.get("max_position_embeddings") or input_len + output_len)
     levels = tuple(sorted(set(int(c) for c in concurrency)))
     notes: list[str] = [calibration_note(constants, concurrency=max(concurrency), tensor_parallel_size=tp)]
-    notes += quantization_notes("target", target_config, target_dtype)
+    mxfp4 = mxfp4_layout(hardware.gpu.arch)
+    notes += quantization_notes("target", target_config, target_dtype, mxfp4)
+    notes += reserve_note(hardware.gpu)
 
     draft_shape, draft_dtype, draft_name = None, target_dtype, None
     if speculating:
@@ -249,7 +288,7 @@ def predict_what_if(
             draft_config, draft_name = model_config(draft, trust_remote_code=trust_remote_code)
             draft_shape = spec_method.draft_shape(draft_config, draft_name)
             draft_dtype = weight_dtype(draft_config)
-            notes += quantization_notes("draft", draft_config, draft_dtype)
+            notes += quantization_notes("draft", draft_config, draft_dtype, mxfp4)
             draft_cost = ModelDraftCost(GpuStepTime(hardware.gpu, draft_shape, constants, tp, draft_dtype, kv_dtype,
                                                     role=method))
         else:

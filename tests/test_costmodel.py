@@ -239,6 +239,18 @@ def test_quantized_weights_keep_embeddings_and_head_in_bf16():
     assert fp8.kv_dtype_bytes == gpu_step().kv_dtype_bytes == 2  # KV "auto" is the activation dtype
 
 
+def test_mxfp4_steps_read_the_touched_experts_at_their_bits_and_the_rest_in_bf16():
+    """gpt-oss-120b on an H100 (the Triton kernel: nothing padded): a decode step reads the dense part
+    in bf16 and the 4 experts its token picks at 4.25 bits; the checkpoint's scales an older release
+    leaves allocated are memory, not reads."""
+    from test_hardware import GPT_OSS_120B
+
+    shape = ModelShape.from_config(GPT_OSS_120B)
+    step = gpu_step(shape, weight_dtype="mxfp4")
+    dense = shape.streamed_params - shape.expert_params
+    assert step.weight_bytes_per_step == pytest.approx(dense * 2 + shape.expert_params * 4 / 128 * (0.5 + 1 / 32))
+
+
 def test_70b_with_8b_draft_stops_paying_at_high_concurrency():
     """4×H100 TP=4, Llama-3.1-70B target, Llama-3.1-8B draft at TP 4, i.i.d. α = 0.8: speculation pays
     at batch 1 and turns into a loss once verification is compute bound."""

@@ -136,14 +136,33 @@ def test_the_table_names_the_source_and_the_kv_capacity(models):
 
 
 def test_a_quantization_it_does_not_model_is_named_not_hidden(models):
-    """An MXFP4 target (gpt-oss's quantization) is read at its torch dtype: the output says so, and
-    that its memory is overstated; a modelled one (fp8) carries no such note."""
+    """A quantization draftfit does not model (bitsandbytes) is read at the torch dtype: the output says
+    so, and that its memory is overstated; MXFP4 names the kernel whose padding it holds the experts
+    at; a modelled one (fp8) carries no note."""
     config = Path(models["target"]) / "config.json"
     raw = json.loads(config.read_text())
-    for quant, noted in (("mxfp4", True), ("fp8", False)):
+    expected = {
+        "bitsandbytes": ["weights: the target's bitsandbytes quantization is not modelled; its weights are read as "
+                         "bf16, so their memory and read time are overstated and the KV capacity understated"],
+        "mxfp4": ["weights: the target's mxfp4 experts as vLLM's triton MoE kernel holds them on this GPU (the "
+                  "hidden width unpadded, the intermediate width to a multiple of 64 per shard); the rest at the "
+                  "activation dtype"],
+        "fp8": [],
+    }
+    for quant, notes in expected.items():
         config.write_text(json.dumps(raw | {"quantization_config": {"quant_method": quant}}))
         result = run(models["target"], "--gpu", "H100 SXM", "--tensor-parallel-size", "4", "--json")
         assert result.exit_code == 0, result.output
-        notes = [n for n in json.loads(result.output)["notes"] if n.startswith("weights:")]
-        assert notes == ([f"weights: the target's {quant} quantization is not modelled; its weights are read as bf16, so "
-                          "their memory and read time are overstated and the KV capacity understated"] if noted else [])
+        assert [n for n in json.loads(result.output)["notes"] if n.startswith("weights:")] == notes, quant
+
+
+def test_h100_class_gpus_carry_the_published_reserve_caution(models):
+    """On a GPU where vllm serve defaults to 1,024 sequences the KV capacity carries the caution the
+    published start-ups call for; where it defaults to 256 (an A100) it does not."""
+    def notes(gpu):
+        result = run(models["target"], "--gpu", gpu, "--json")
+        assert result.exit_code == 0, result.output
+        return [n for n in json.loads(result.output)["notes"] if n.startswith("KV capacity:")]
+
+    assert len(notes("H100 SXM")) == 1 and "5.3–7.9 GiB" in notes("H100 SXM")[0]
+    assert notes("A100 80GB SXM") == []

@@ -9,7 +9,7 @@ import pytest
 
 from draftfit.errors import DraftfitError
 from draftfit.hardware import GIB, Hardware, ModelShape, load_catalog
-from draftfit.vram import dtype_bytes, vram_report, weight_bytes_per_gpu
+from draftfit.vram import dtype_bytes, mxfp4_layout, vram_report, weight_bytes_per_gpu
 
 DATA = Path(__file__).parent / "data"
 LLAMA_8B = ModelShape.from_config(json.loads((DATA / "llama-3.1-8b-config.json").read_text()))
@@ -28,6 +28,7 @@ H100 = load_catalog().get("H100 SXM")
         ("int8", 1),
         ("int4", 0.5 + 2 / 128),
         ("awq", 0.5 + 2 / 128),
+        ("mxfp4", 0.5 + 1 / 32),
         ("fp32", 4),
         (3, 3),
     ],
@@ -137,6 +138,48 @@ def test_weight_bytes_per_gpu():
     """fp8 quantizes the matmuls (6,979,321,856 params at 1 B); embeddings, LM head and norms stay bf16."""
     assert weight_bytes_per_gpu(LLAMA_8B, "fp8", 2) == (6_979_321_856 + 2 * 1_050_939_392) / 2
     assert weight_bytes_per_gpu(LLAMA_8B, "bf16", 2) == 8_030_261_248
+
+
+def test_mxfp4_quantizes_the_experts_alone_as_the_gpus_kernel_pads_them():
+    """gpt-oss-120b's MXFP4 experts (128 × 36 layers of 3 × 2880 × 2880, 4.25 bits each: values and one
+    scale per 32) and the rest in bf16, as each GPU's kernel holds them; the published loads are in
+    benchmarks/published_gpu.py (64.38 GiB with Triton on vLLM 0.14.1, 65.97 with Marlin on 0.10.1)."""
+    from test_hardware import GPT_OSS_120B
+
+    shape = ModelShape.from_config(GPT_OSS_120B)
+    experts = 128 * 36 * 3 * 2880 * 2880
+    assert shape.expert_params == experts and shape.expert_intermediate_size == 2880
+    rest = (shape.params - experts) * 2
+
+    def gib(arch, tp=1, version=None, backend=None):
+        return weight_bytes_per_gpu(shape, "mxfp4", tp, "bf16", mxfp4_layout(arch, version, backend=backend))
+
+    hopper = gib("sm90")  # the OAI Triton kernels: 2880 is already a multiple of 64, nothing padded
+    assert hopper == rest + experts * (0.5 + 1 / 32)
+    assert round(hopper / GIB, 1) == 60.7  # the checkpoint's own size
+    # before vLLM 0.25.0 the Triton path kept the checkpoint's scales beside its swizzled copy
+    assert gib("sm90", version="0.14.1") - hopper == experts / 32
+    assert gib("sm90", version="0.25.0") == hopper
+    # Marlin (Ampere, Ada) and TRT-LLM (B200): hidden 2880 → 3072, intermediate 2880 → 2944
+    padded = rest + 128 * 36 * 3 * 3072 * 2944 * (0.5 + 1 / 32)
+    assert gib("sm80") == gib("sm100") == gib("sm90", backend="marlin") == padded
+    # under TP each shard's intermediate width is padded: 720 → 768 with Marlin
+    assert gib("sm80", tp=4) == (rest + 128 * 36 * 3 * 3072 * 768 * 4 * (0.5 + 1 / 32)) / 4
+    # a GPU whose architecture the catalog does not name: the widest padding of any kernel, a bound
+    unknown = mxfp4_layout("")
+    assert unknown.kind == "bound" and gib("") > max(padded, gib("sm90", version="0.14.1"))
+    # a dense model has no experts to quantize: MXFP4 leaves it in the activation dtype
+    assert weight_bytes_per_gpu(LLAMA_8B, "mxfp4", 1, "bf16", mxfp4_layout("sm90")) == LLAMA_8B.params * 2
+
+
+def test_a_catalog_gpu_names_its_architecture():
+    """Every built-in GPU names the architecture vLLM's MXFP4 kernel selection keys on."""
+    from draftfit.vram import MXFP4_KERNELS
+
+    catalog = load_catalog()
+    for name in ("A10G", "L4", "L40S", "A100 40GB", "A100 80GB SXM", "H100 SXM", "H100 PCIe", "H200", "B200",
+                 "MI300X", "RTX 4090"):
+        assert catalog.get(name).arch in MXFP4_KERNELS, name
 
 
 def test_kv_cache_dtype_auto_is_the_activation_dtype_not_the_weights():
