@@ -374,6 +374,16 @@ def _first(cfg: Mapping[str, Any], *keys: str, default: Any = None) -> Any:
 
 _STATE_DTYPE_BYTES = {"float32": 4.0, "bfloat16": 2.0, "float16": 2.0}
 
+# Checkpoint quantization methods the weight model sizes (draftfit.vram's dtype table)
+MODELLED_QUANTIZATION = ("fp8", "awq", "gptq", "mxfp4")
+
+
+def checkpoint_quantization(config: Mapping[str, Any]) -> str:
+    """The checkpoint's quantization method (its config's ``quantization_config.quant_method``) where
+    the weight model sizes it, else ''."""
+    quant = (config.get("quantization_config") or {}).get("quant_method")
+    return str(quant) if quant in MODELLED_QUANTIZATION else ""
+
 
 @dataclass(frozen=True)
 class RecurrentState:
@@ -454,6 +464,7 @@ class ModelShape:
     # in a step's KV reads and attention, not in the cache
     shared_full_layers: int = 0
     shared_sliding_layers: int = 0
+    quantization: str = ""  # the checkpoint's quantization where modelled (fp8, awq, gptq, mxfp4); '': none
 
     @classmethod
     def from_config(
@@ -556,7 +567,12 @@ class ModelShape:
             **window,
             **widths,
             recurrent=RecurrentState.from_config(cfg),
+            quantization=checkpoint_quantization(config),
         )
+
+    def stored_dtype(self, dtype: str) -> str:
+        """What vLLM on a GPU holds the weights in: the checkpoint's quantization, else ``dtype``."""
+        return self.quantization or dtype
 
     @property
     def embedding_params(self) -> float:

@@ -745,6 +745,12 @@ class RankRun:
         categories = np.array([item.category for item in sample.items])
 
         constants = gpu_constants(hardware.gpu.name)
+
+        def stored(shape: ModelShape) -> str:
+            """The weights' dtype in the VRAM report: on a catalog GPU the deployed checkpoint's
+            quantization; here, the dtype the engines run in."""
+            return shape.stored_dtype(weight_dtype) if study.gpu else weight_dtype
+
         if study.latency_source != "measured":
             self.step_model = {"kind": "GpuStepTime", **constants.to_dict()}
 
@@ -756,8 +762,9 @@ class RankRun:
                     return ScaledStepTime(MeasuredStepTime(StepProfile.from_dict(profiles[target_fp]["profile"])), share,
                                           "the head's share of the target's parameters")
                 return MeasuredStepTime(StepProfile.from_dict(profiles[fp]["profile"]))
-            return GpuStepTime(hardware.gpu, shape, constants, hardware.tensor_parallel_size, weight_dtype,
-                               activation_dtype=weight_dtype, role=role)
+            # the deployed checkpoint's quantization, not this machine's dtype for running it
+            return GpuStepTime(hardware.gpu, shape, constants, hardware.tensor_parallel_size,
+                               shape.stored_dtype(weight_dtype), activation_dtype=weight_dtype, role=role)
 
         target_fp = fingerprint(target_ref)
         target_step = step_time(target_fp, target_shape)
@@ -798,7 +805,8 @@ class RankRun:
             vram = None
             if draft_shape is not None:
                 # a catalog GPU: vLLM's non-KV reserve of its profile run; this machine: none modelled
-                vram = vram_report(hardware, target_shape, draft_shape, target_dtype=weight_dtype, draft_dtype=weight_dtype,
+                vram = vram_report(hardware, target_shape, draft_shape, target_dtype=stored(target_shape),
+                                   draft_dtype=stored(draft_shape),
                                    gpu_memory_utilization=study.deploy_memory_utilization, max_model_len=study.max_model_len,
                                    concurrency=max(study.concurrency), reserved_bytes=None if study.gpu else 0.0,
                                    constants=constants, activation_dtype=weight_dtype, num_speculative_tokens=max(ks),

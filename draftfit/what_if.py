@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from draftfit.errors import DraftfitError
+from draftfit.hardware import checkpoint_quantization
 
 if TYPE_CHECKING:
     from draftfit.hardware import GPU
@@ -171,13 +172,10 @@ def model_config(spec: str, *, trust_remote_code: bool = False) -> tuple[dict[st
         raise DraftfitError(f"config.json is not readable JSON ({exc})", where=spec, fix="Fix or replace config.json") from exc
 
 
-MODELLED_QUANTIZATION = ("fp8", "awq", "gptq", "mxfp4")
-
-
 def unmodelled_quantization(config: dict[str, Any]) -> str | None:
     """The checkpoint's quantization method where the weight model does not know it (None: it does)."""
     quant = (config.get("quantization_config") or {}).get("quant_method")
-    return None if quant in (None, *MODELLED_QUANTIZATION) else str(quant)
+    return None if quant is None or checkpoint_quantization(config) else str(quant)
 
 
 def quantization_notes(role: str, config: dict[str, Any], dtype: str, mxfp4: Mxfp4Layout | None = None) -> list[str]:
@@ -205,9 +203,8 @@ def quantization_notes(role: str, config: dict[str, Any], dtype: str, mxfp4: Mxf
 
 def weight_dtype(config: dict[str, Any]) -> str:
     """What the checkpoint's weights are stored in: its quantization method, else its torch dtype."""
-    quant = (config.get("quantization_config") or {}).get("quant_method")
-    if quant in MODELLED_QUANTIZATION:
-        return str(quant)
+    if quant := checkpoint_quantization(config):
+        return quant
     dtype = str(config.get("torch_dtype") or config.get("dtype") or "bfloat16")
     return "fp16" if dtype in ("float16", "half") else "fp32" if dtype == "float32" else "bf16"
 

@@ -434,6 +434,19 @@ def test_given_param_count_wins():
     assert shape.params == 8.0e9 and shape.params_source == "given"
 
 
+def test_a_checkpoints_quantization_is_part_of_its_shape():
+    """The quantization a GPU deployment holds the weights in comes with the shape (rank --gpu prices
+    the deployed checkpoint, not the dtype this machine runs it in); one the weight model does not
+    size (compressed-tensors) is left to the caller's dtype."""
+    def shape(quant):
+        extra = {"quantization_config": {"quant_method": quant}} if quant else {}
+        return ModelShape.from_config(GPT_OSS_120B | extra)
+
+    assert shape("mxfp4").quantization == "mxfp4" and shape("mxfp4").stored_dtype("bf16") == "mxfp4"
+    assert shape("fp8").stored_dtype("bf16") == "fp8"
+    assert shape("compressed-tensors").stored_dtype("bf16") == shape(None).stored_dtype("bf16") == "bf16"
+
+
 def test_config_without_layers_is_a_user_error():
     with pytest.raises(DraftfitError, match="num_hidden_layers"):
         ModelShape.from_config(
