@@ -747,8 +747,8 @@ class RankRun:
         constants = gpu_constants(hardware.gpu.name)
 
         def stored(shape: ModelShape) -> str:
-            """The weights' dtype in the VRAM report: on a catalog GPU the deployed checkpoint's
-            quantization; here, the dtype the engines run in."""
+            """The weights' dtype in the GPU step model and the VRAM report: on a catalog GPU the
+            deployed checkpoint's quantization; here, the dtype the engines run in."""
             return shape.stored_dtype(weight_dtype) if study.gpu else weight_dtype
 
         if study.latency_source != "measured":
@@ -762,9 +762,8 @@ class RankRun:
                     return ScaledStepTime(MeasuredStepTime(StepProfile.from_dict(profiles[target_fp]["profile"])), share,
                                           "the head's share of the target's parameters")
                 return MeasuredStepTime(StepProfile.from_dict(profiles[fp]["profile"]))
-            # the deployed checkpoint's quantization, not this machine's dtype for running it
-            return GpuStepTime(hardware.gpu, shape, constants, hardware.tensor_parallel_size,
-                               shape.stored_dtype(weight_dtype), activation_dtype=weight_dtype, role=role)
+            return GpuStepTime(hardware.gpu, shape, constants, hardware.tensor_parallel_size, stored(shape),
+                               activation_dtype=weight_dtype, role=role)
 
         target_fp = fingerprint(target_ref)
         target_step = step_time(target_fp, target_shape)
