@@ -188,7 +188,7 @@ def quantization_notes(role: str, config: dict[str, Any], dtype: str, mxfp4: Mxf
         if layout.kind == "bound":
             return [f"weights: the {role}'s {dtype} experts are sized at the widest padding of vLLM's MoE kernels "
                     f"({layout.hidden_alignment}-aligned widths), as the GPU's architecture is not in the catalog: an "
-                    "upper bound on its weights (a lower bound on the KV capacity)"]
+                    "upper bound on its weights"]
         hidden = (f"the hidden width padded to a multiple of {layout.hidden_alignment}" if layout.hidden_alignment > 1
                   else "the hidden width unpadded")
         return [f"weights: the {role}'s {dtype} experts as vLLM's {layout.backend} MoE kernel holds them on this GPU "
