@@ -165,8 +165,15 @@ def write_calibration(values: dict[str, float], points: list[Point]) -> None:
                                             sort_keys=False, allow_unicode=True, width=200))
 
 
-def kv_logs() -> list[dict]:
-    return yaml.safe_load((DATA / "kv_logs.yaml").read_text())["logs"]
+def kv_logs(section: str = "logs") -> list[dict]:
+    """One section of benchmarks/published/kv_logs.yaml: the start-up logs, the refusals (`requests`)
+    or the weights' loads (`weights`)."""
+    return yaml.safe_load((DATA / "kv_logs.yaml").read_text()).get(section) or []
+
+
+def log_shape(log: dict) -> ModelShape:
+    """The shape of the model a published log served (its typed config under benchmarks/published)."""
+    return ModelShape.from_config(json.loads((DATA / log["model"]["config"]).read_text()), name=log["id"])
 
 
 def fit_usable_memory(logs: list[dict]) -> float:
@@ -192,8 +199,7 @@ def kv_checks(constants: GpuConstants | None = None) -> list[dict]:
 
     out = []
     for log in kv_logs():
-        config = json.loads((DATA / log["model"]["config"]).read_text())
-        shape = ModelShape.from_config(config, name=log["id"])
+        shape = log_shape(log)
         hw = Hardware(load_catalog().get(log["gpu"]), log["tensor_parallel_size"], log["tensor_parallel_size"])
         c = constants if constants is not None else gpu_constants(log["gpu"])
         report = vram_report(hw, shape, None, target_dtype=log["model"]["weight_dtype"],
@@ -213,8 +219,8 @@ def request_checks() -> list[dict]:
     from draftfit.hardware import Hardware
 
     out = []
-    for log in yaml.safe_load((DATA / "kv_logs.yaml").read_text()).get("requests") or []:
-        shape = ModelShape.from_config(json.loads((DATA / log["model"]["config"]).read_text()), name=log["id"])
+    for log in kv_logs("requests"):
+        shape = log_shape(log)
         hw = Hardware(load_catalog().get(log["gpu"]), log["tensor_parallel_size"], log["tensor_parallel_size"])
         report = vram_report(hw, shape, None, kv_cache_dtype=log["kv_cache_dtype"], max_model_len=log["max_model_len"],
                              max_num_batched_tokens=log["max_num_batched_tokens"], vllm_version=log["vllm"])
@@ -230,8 +236,8 @@ def weight_checks() -> list[dict]:
     from draftfit.vram import mxfp4_layout, weight_bytes_per_gpu
 
     out = []
-    for log in yaml.safe_load((DATA / "kv_logs.yaml").read_text()).get("weights") or []:
-        shape = ModelShape.from_config(json.loads((DATA / log["model"]["config"]).read_text()), name=log["id"])
+    for log in kv_logs("weights"):
+        shape = log_shape(log)
         gpu = load_catalog().get(log["gpu"])
         layout = mxfp4_layout(gpu.arch, log["vllm"], backend=log.get("backend"))
         predicted = weight_bytes_per_gpu(shape, log["model"]["weight_dtype"], log["tensor_parallel_size"], "bf16",
@@ -248,12 +254,11 @@ def reserve_gaps() -> list[dict]:
     from draftfit.hardware import Hardware
     from draftfit.vram import mxfp4_layout, serve_defaults
 
-    data = yaml.safe_load((DATA / "kv_logs.yaml").read_text())
     out = []
-    for log in [*data["logs"], *(data.get("requests") or []), *(data.get("weights") or [])]:
+    for log in [*kv_logs(), *kv_logs("requests"), *kv_logs("weights")]:
         if "available_kv_gib" not in log:
             continue
-        shape = ModelShape.from_config(json.loads((DATA / log["model"]["config"]).read_text()), name=log["id"])
+        shape = log_shape(log)
         gpu = load_catalog().get(log["gpu"])
         tp = log["tensor_parallel_size"]
         report = vram_report(Hardware(gpu, tp, tp), shape, None, target_dtype=log["model"]["weight_dtype"],
