@@ -869,6 +869,13 @@ class RankRun:
                              "step_overhead_s": prediction.step_overhead_s,
                              "step_overhead_per_seq_s": prediction.step_overhead_per_seq_s},
                 }))
+        if study.gpu and any(entry.get("vram") is not None for entry in configs):
+            from draftfit.what_if import reserve_note
+
+            # the deploy command leaves max_num_seqs at vllm serve's default, where the reserve misses most
+            for note in reserve_note(hardware.gpu):
+                self.progress(note)
+                self.warnings.append(note)
         return configs, rows
 
     def _deploy(self, ranking, plans, target_ref: ModelRef) -> dict | None:

@@ -251,8 +251,8 @@ def test_the_terminal_shows_draftfits_progress_and_the_engines_go_to_the_run_log
     import subprocess
     import sys
 
-    candidate = Path(__file__).resolve().parents[1] / "candidates" / "ngram-5.yaml"
-    args = [sys.executable, "-m", "draftfit", "rank", str(candidate), "--sample-size", "2", "--max-tokens", "8",
+    candidates = [str(Path(__file__).resolve().parents[1] / "candidates" / name) for name in ("ngram-5.yaml", "self-draft.yaml")]
+    args = [sys.executable, "-m", "draftfit", "rank", *candidates, "--sample-size", "2", "--max-tokens", "8",
             "--max-model-len", "512", "--concurrency", "1", "--latency-source", "roofline", "--gpu", "H100 SXM",
             "--reports-dir", str(tmp_path), "--run-id", "quiet"]
     # a cache of its own, so the target's engine really starts (and writes) whatever ran before
@@ -266,3 +266,7 @@ def test_the_terminal_shows_draftfits_progress_and_the_engines_go_to_the_run_log
     assert noise == [], noise
     assert "target trajectories" in done.stderr and "Recommendation (predicted)" in done.stdout
     assert f"engine and library output: {tmp_path / 'quiet' / 'engines.log'}" in done.stdout
+    # the self-draft's VRAM on an H100 at vllm serve's default of 1,024 sequences: the published reserve gap
+    caution = "KV capacity: published start-ups on H100s at vLLM's default of 1,024 sequences"
+    assert caution in done.stderr
+    assert any(w.startswith(caution) for w in json.loads((tmp_path / "quiet" / "results.json").read_text())["warnings"])
