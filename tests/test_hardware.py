@@ -236,6 +236,11 @@ def test_a_mamba2_hybrids_layers_are_read_as_vllm_builds_them():
     assert state.page_bytes(2.0) == 3 * 12288 * 2 + 128 * 80 * 128 * 4
     assert state.page_bytes(2.0, 4) == 3 * (12288 // 4) * 2 + 32 * 80 * 128 * 4  # 8 groups over 4 shards
     assert state.page_bytes(2.0, 16, 2) == 5 * (128 * 80 + 2 * 16 * 128) // 16 * 2 + 8 * 80 * 128 * 4  # 16 groups
+    # the list spelling (Nemotron 3 Ultra's config ships it) reads the same
+    names = {"M": "mamba", "*": "attention", "-": "mlp", "E": "moe"}
+    listed = {key: value for key, value in NEMOTRON_NANO_9B_V2.items() if key != "hybrid_override_pattern"}
+    listed["layers_block_type"] = [names[kind] for kind in NEMOTRON_NANO_9B_V2["hybrid_override_pattern"]]
+    assert ModelShape.from_config(listed).recurrent == state and ModelShape.from_config(listed).kv_layers == 4
     renamed = {key: value for key, value in NEMOTRON_NANO_9B_V2.items() if key != "head_dim"}
     assert ModelShape.from_config(renamed | {"attention_head_dim": 128}).head_dim == 128
     assert ModelShape.from_config(renamed).head_dim == 128
