@@ -496,6 +496,9 @@ class ModelShape:
     sliding_head_dim: int = 0
     sliding_v_head_dim: int = 0
     recurrent: RecurrentState | None = None  # a hybrid model's linear-attention layers' fixed state
+    # a hybrid whose non-attention layers' state (and kinds) draftfit does not read: Falcon-H1, Jamba,
+    # Zamba2, LFM2, Kimi-Linear, MiniMax, …
+    unmodelled_state: bool = False
     kv_shared: bool = False  # its layers read the target's KV and keep none (Gemma 4's assistant)
     # embedding tables besides the input embedding that are looked up, never read whole (Gemma 4
     # E2B/E4B's per-layer embeddings): in the weights and kept unquantized, not in a step's reads
@@ -610,9 +613,19 @@ class ModelShape:
             attention_layers=len((kv_layer_kinds(cfg) or ((),))[0]),
             **window,
             **widths,
-            recurrent=RecurrentState.from_config(cfg),
+            recurrent=(recurrent := RecurrentState.from_config(cfg)),
+            unmodelled_state=recurrent is None and _names_state(cfg),
             quantization=checkpoint_quantization(config),
         )
+
+    def unmodelled_state_note(self, role: str) -> list[str]:
+        """The caution a hybrid whose state draftfit does not read needs in any VRAM figure."""
+        if not self.unmodelled_state:
+            return []
+        return [f"{role} ({self.model_type}): a hybrid whose non-attention layers keep a state per sequence in "
+                "vLLM; draftfit reads that state for gated delta-net (Qwen3-Next, Qwen3.5) and mamba-2 "
+                "(Nemotron-H, Granite-4) layers only, so here every layer counts as attention and no state is "
+                "held: the KV per token and the KV capacity are not vLLM's"]
 
     def stored_dtype(self, dtype: str) -> str:
         """What vLLM on a GPU holds the weights in: the checkpoint's quantization, else ``dtype``."""
@@ -777,6 +790,18 @@ def _expert_width(cfg: Mapping[str, Any], intermediate: int) -> int:
 _MAMBA2_KEYS = ("head_dim", "mamba_num_heads", "mamba_head_dim", "n_groups", "ssm_state_size", "conv_kernel",
                 "mamba_ssm_cache_dtype", "mamba_n_heads", "mamba_d_head", "mamba_n_groups", "mamba_d_state",
                 "mamba_d_conv", "mamba_expand")
+
+
+# Config keys only hybrids with recurrent or convolutional layers carry (mamba's, short convolutions',
+# linear attention's, the layer plans of Jamba, Zamba2, LFM2 and Kimi-Linear)
+_STATE_KEY_PREFIXES = ("mamba_", "ssm_", "linear_", "n_mamba")
+_STATE_KEYS = {"conv_L_cache", "attn_layer_period", "attn_layer_indices", "layers_block_type",
+               "hybrid_override_pattern", "linear_attn_config", "full_attn_idxs"}
+
+
+def _names_state(cfg: Mapping[str, Any]) -> bool:
+    """Whether ``cfg`` names layers that keep a state instead of a KV cache."""
+    return any(key in _STATE_KEYS or key.startswith(_STATE_KEY_PREFIXES) for key in cfg)
 
 
 def _mamba2_config(cfg: Mapping[str, Any], model_type: str) -> Mapping[str, Any]:

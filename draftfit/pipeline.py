@@ -769,6 +769,7 @@ class RankRun:
         target_step = step_time(target_fp, target_shape)
         configs: list[ConfigEntry] = []
         rows = []
+        drafted_shapes: list[tuple[Any, ModelShape]] = []
         for plan in plans:
             if plan.skip_reason:
                 continue
@@ -779,6 +780,8 @@ class RankRun:
                                                               study.max_tokens, self.progress, target_ref))
             terms = method.cost(plan, step_time, trust_remote_code=self.trust_remote_code)
             draft_cost, draft_shape, cost_rank = terms.cost, terms.shape, terms.rank_cost
+            if draft_shape is not None:
+                drafted_shapes.append((plan, draft_shape))
             # one walk gives the point AL, its counters and its per-position rates: halfway between
             # the lower and the upper walk where the top-K logprobs leave acceptance open
             point = walked.lower if walked.exact else midpoint(walked)
@@ -869,11 +872,15 @@ class RankRun:
                              "step_overhead_s": prediction.step_overhead_s,
                              "step_overhead_per_seq_s": prediction.step_overhead_per_seq_s},
                 }))
-        if study.gpu and any(entry.get("vram") is not None for entry in configs):
+        if any(entry.get("vram") is not None for entry in configs):
             from draftfit.what_if import reserve_note
 
             # the deploy command leaves max_num_seqs at vllm serve's default, where the reserve misses most
-            for note in reserve_note(hardware.gpu):
+            notes = reserve_note(hardware.gpu) if study.gpu else []
+            drafts = {plan.candidate.name: shape for plan, shape in drafted_shapes}
+            notes += target_shape.unmodelled_state_note("target")
+            notes += [note for name, shape in drafts.items() for note in shape.unmodelled_state_note(f"draft of {name}")]
+            for note in notes:
                 self.progress(note)
                 self.warnings.append(note)
         return configs, rows

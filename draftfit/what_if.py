@@ -271,7 +271,7 @@ def predict_what_if(
     notes: list[str] = [calibration_note(constants, concurrency=max(concurrency), tensor_parallel_size=tp)]
     mxfp4 = mxfp4_layout(hardware.gpu.arch)
     notes += quantization_notes("target", target_config, target_dtype, mxfp4)
-    notes += reserve_note(hardware.gpu)
+    notes += reserve_note(hardware.gpu) + target_shape.unmodelled_state_note("target")
 
     draft_shape, draft_dtype, draft_name = None, target_dtype, None
     if speculating:
@@ -285,7 +285,7 @@ def predict_what_if(
             draft_config, draft_name = model_config(draft, trust_remote_code=trust_remote_code)
             draft_shape = spec_method.draft_shape(draft_config, draft_name)
             draft_dtype = weight_dtype(draft_config)
-            notes += quantization_notes("draft", draft_config, draft_dtype, mxfp4)
+            notes += quantization_notes("draft", draft_config, draft_dtype, mxfp4) + draft_shape.unmodelled_state_note("draft")
             draft_cost = ModelDraftCost(GpuStepTime(hardware.gpu, draft_shape, constants, tp, draft_dtype, kv_dtype,
                                                     role=method))
         else:
