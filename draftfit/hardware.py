@@ -269,7 +269,10 @@ _NO_KV_LAYERS = {"linear_attention", "mamba", "mamba2", "mlp", "moe"}
 # Families of mamba-2 hybrids: their configs name the layer kinds their own way (Nemotron-H's
 # ``hybrid_override_pattern``, Granite-4's ``layers_block_type``, Bamba's ``attn_layer_indices``), which
 # transformers reads into ``layer_types`` ("linear_attention" for a mamba layer), as vLLM builds them.
-MAMBA2_FAMILIES = {"nemotron_h", "granitemoehybrid", "bamba"}
+MAMBA2_FAMILIES = {"nemotron_h", "granitemoehybrid", "bamba", "falcon_h1"}
+# Layer kinds whose layer keeps a state: a mamba mixer, linear attention, or Falcon-H1's "hybrid" layer
+# (attention and a mamba-2 mixer side by side, each keeping its own: KV and a state)
+_STATE_LAYERS = ("linear_attention", "mamba", "mamba2", "hybrid")
 # Families whose full-attention query projection also computes a per-head output gate (its width again).
 _GATED_QUERY_FAMILIES = _QWEN_NEXT_FAMILIES
 # Families whose configs tie input and output embeddings when they do not say otherwise.
@@ -289,9 +292,11 @@ _PER_LAYER_WIDTH_FAMILIES = {"gemma4_text", "gemma4_unified_text"}
 def _hf_config(cfg: Mapping[str, Any], model_type: str):
     """transformers' reading of ``cfg`` (the defaults it fills in, as vLLM reads them), or None."""
     try:
-        from transformers import AutoConfig
+        from transformers import AutoConfig, PretrainedConfig
 
-        return AutoConfig.for_model(model_type, **{key: value for key, value in cfg.items() if key != "model_type"})
+        # a config transformers wrote holds Infinity as {"__float__": "Infinity"} (mamba's time_step_limit)
+        values = PretrainedConfig._decode_special_floats({key: value for key, value in cfg.items() if key != "model_type"})
+        return AutoConfig.for_model(model_type, **values)
     except Exception:  # noqa: BLE001 — an unknown model type or a config transformers refuses
         return None
 
@@ -395,7 +400,7 @@ class RecurrentState:
     """A hybrid model's layers that keep a fixed state per sequence instead of a KV cache, as vLLM
     stores it: the last ``conv_kernel`` − 1 inputs of the layer's short convolution (and one row per
     speculative token) and a recurrent matrix per head. ``kind`` "gated_delta_net": Qwen3-Next's and
-    Qwen3.5's linear attention; "mamba2": the mamba-2 mixers of Nemotron-H, Granite-4 and Bamba, whose
+    Qwen3.5's linear attention; "mamba2": the mamba-2 mixers of Nemotron-H, Granite-4, Bamba and Falcon-H1, whose
     state vLLM also checkpoints once mid-prefill when prefix caching is on (one page more)."""
 
     layers: int
@@ -410,7 +415,7 @@ class RecurrentState:
 
     @classmethod
     def from_config(cls, cfg: Mapping[str, Any]) -> RecurrentState | None:
-        layers = sum(kind in ("linear_attention", "mamba", "mamba2") for kind in cfg.get("layer_types") or ())
+        layers = sum(kind in _STATE_LAYERS for kind in cfg.get("layer_types") or ())
         if not layers:
             return None
         if cfg.get("model_type") in MAMBA2_FAMILIES:
@@ -436,7 +441,8 @@ class RecurrentState:
         else:
             heads, groups = int(cfg["mamba_n_heads"]), int(cfg.get("mamba_n_groups") or 1)
             state, kernel, ssm = int(cfg["mamba_d_state"]), int(cfg.get("mamba_d_conv") or 4), 0.0
-            inner, head_dim = int(cfg.get("mamba_expand") or 2) * int(cfg["hidden_size"]), int(cfg["mamba_d_head"])
+            inner = int(cfg.get("mamba_d_ssm") or int(cfg.get("mamba_expand") or 2) * int(cfg["hidden_size"]))
+            head_dim = int(cfg["mamba_d_head"])
         return cls(layers=layers, conv_channels=inner + 2 * groups * state, conv_kernel=kernel, heads=heads,
                    head_elems=head_dim * state, ssm_dtype_bytes=ssm, kind="mamba2", groups=groups, group_elems=2 * state)
 
@@ -496,8 +502,8 @@ class ModelShape:
     sliding_head_dim: int = 0
     sliding_v_head_dim: int = 0
     recurrent: RecurrentState | None = None  # a hybrid model's linear-attention layers' fixed state
-    # a hybrid whose non-attention layers' state (and kinds) draftfit does not read: Falcon-H1, Jamba,
-    # Zamba2, LFM2, Kimi-Linear, MiniMax, …
+    # a hybrid whose non-attention layers' state (and kinds) draftfit does not read: Jamba, Zamba2,
+    # LFM2, Kimi-Linear, MiniMax, …
     unmodelled_state: bool = False
     kv_shared: bool = False  # its layers read the target's KV and keep none (Gemma 4's assistant)
     # embedding tables besides the input embedding that are looked up, never read whole (Gemma 4
@@ -519,6 +525,7 @@ class ModelShape:
             cfg = text_config(dict(cfg))
         model_type = str(cfg.get("model_type") or "unknown")
         label = name or str(cfg.get("_name_or_path") or model_type)
+        published = cfg  # as the checkpoint spells it, for transformers' own model of it
         if model_type in MAMBA2_FAMILIES:
             cfg = _mamba2_config(cfg, model_type)
 
@@ -580,7 +587,7 @@ class ModelShape:
             widths=widths,
         )
         if model_type in MAMBA2_FAMILIES:  # mixers of their own kinds, and Nemotron-H's MLP-only layers
-            total, active, experts, small = _counted_params(cfg, model_type, n_experts, per_token) or (total, active, experts, small)
+            total, active, experts, small = _counted_params(published, model_type, n_experts, per_token) or (total, active, experts, small)
         lookup, ple_projections = _per_layer_embeddings(cfg, hidden, layers, vocab)
         total, active = total + lookup + ple_projections, active + lookup + ple_projections
         source = "estimated from config.json"
@@ -624,7 +631,7 @@ class ModelShape:
             return []
         return [f"{role} ({self.model_type}): a hybrid whose non-attention layers keep a state per sequence in "
                 "vLLM; draftfit reads that state for gated delta-net (Qwen3-Next, Qwen3.5) and mamba-2 "
-                "(Nemotron-H, Granite-4) layers only, so here every layer counts as attention and no state is "
+                "(Nemotron-H, Granite-4, Falcon-H1) layers only, so here every layer counts as attention and no state is "
                 "held: the KV per token and the KV capacity are not vLLM's"]
 
     def stored_dtype(self, dtype: str) -> str:
@@ -789,7 +796,7 @@ def _expert_width(cfg: Mapping[str, Any], intermediate: int) -> int:
 # a config leaves them out; Granite-4's head width "auto" resolved)
 _MAMBA2_KEYS = ("head_dim", "mamba_num_heads", "mamba_head_dim", "n_groups", "ssm_state_size", "conv_kernel",
                 "mamba_ssm_cache_dtype", "mamba_n_heads", "mamba_d_head", "mamba_n_groups", "mamba_d_state",
-                "mamba_d_conv", "mamba_expand")
+                "mamba_d_conv", "mamba_expand", "mamba_d_ssm")
 
 
 # Config keys only hybrids with recurrent or convolutional layers carry (mamba's, short convolutions',

@@ -271,16 +271,16 @@ def test_a_mamba2_hybrids_parameters_are_counted_off_transformers_own_model(tmp_
 
 
 def test_a_hybrid_whose_state_is_not_read_says_so():
-    """Falcon-H1, Jamba, Zamba2, LFM2, Kimi-Linear and MiniMax keep a state per sequence in vLLM that
-    draftfit does not read: their shapes carry the caution, attention-only and read hybrids do not."""
+    """Jamba, Zamba2, LFM2, Kimi-Linear and MiniMax keep a state per sequence in vLLM that draftfit
+    does not read: their shapes carry the caution, attention-only and read hybrids do not."""
     from transformers import AutoConfig
 
-    for family in ("falcon_h1", "jamba", "zamba2", "lfm2", "kimi_linear", "minimax"):
+    for family in ("jamba", "zamba2", "lfm2", "kimi_linear", "minimax"):
         shape = ModelShape.from_config(AutoConfig.for_model(family).to_dict() | {"model_type": family})
         assert shape.unmodelled_state and shape.recurrent is None, family
         (note,) = shape.unmodelled_state_note("target")
         assert note.startswith(f"target ({family}): a hybrid") and "not vLLM's" in note
-    for family in ("llama", "qwen3", "gpt_oss", "deepseek_v3", "qwen3_next", "granitemoehybrid"):
+    for family in ("llama", "qwen3", "gpt_oss", "deepseek_v3", "qwen3_next", "granitemoehybrid", "falcon_h1"):
         shape = ModelShape.from_config(AutoConfig.for_model(family).to_dict() | {"model_type": family})
         assert not shape.unmodelled_state and shape.unmodelled_state_note("target") == [], family
     assert not ModelShape.from_config(NEMOTRON_NANO_9B_V2).unmodelled_state

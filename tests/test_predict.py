@@ -170,16 +170,16 @@ def test_h100_class_gpus_carry_the_published_reserve_caution(models):
 
 def test_a_hybrid_target_is_sized_by_its_layers_or_says_it_is_not(tmp_path):
     """Nemotron-H's KV capacity counts its 4 attention layers and its 27 mamba states, with no
-    caution; Falcon-H1's, whose state draftfit does not read, carries the caution in the notes."""
+    caution; Jamba's, whose state draftfit does not read, carries the caution in the notes."""
     from test_hardware import NEMOTRON_NANO_9B_V2
     from transformers import AutoConfig
 
     for name, config in (("nemotron", NEMOTRON_NANO_9B_V2),
-                         ("falcon", AutoConfig.for_model("falcon_h1").to_dict() | {"model_type": "falcon_h1"})):
+                         ("jamba", AutoConfig.for_model("jamba").to_dict() | {"model_type": "jamba"})):
         (tmp_path / name).mkdir()
         (tmp_path / name / "config.json").write_text(json.dumps(config))
     nemotron = run(str(tmp_path / "nemotron"), "--gpu", "H100 SXM", "--max-model-len", "32768", "--json")
-    falcon = run(str(tmp_path / "falcon"), "--gpu", "H100 SXM", "--max-model-len", "32768", "--json")
-    assert nemotron.exit_code == 0 and falcon.exit_code == 0, nemotron.output + falcon.output
+    jamba = run(str(tmp_path / "jamba"), "--gpu", "H100 SXM", "--max-model-len", "32768", "--json")
+    assert nemotron.exit_code == 0 and jamba.exit_code == 0, nemotron.output + jamba.output
     assert not any("a hybrid whose" in note for note in json.loads(nemotron.output)["notes"])
-    assert any(note.startswith("target (falcon_h1): a hybrid whose") for note in json.loads(falcon.output)["notes"])
+    assert any(note.startswith("target (jamba): a hybrid whose") for note in json.loads(jamba.output)["notes"])

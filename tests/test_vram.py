@@ -371,15 +371,17 @@ def test_the_installed_vllm_sizes_a_hybrid_request_and_its_speculative_state_as_
 
 @pytest.mark.engine
 def test_the_installed_vllm_sizes_a_mamba2_hybrids_request_as_predicted(tmp_path, engine_slot, smollm2_model):
-    """vllm-cpu started on tiny Nemotron-H and Granite-4 targets (float32, prefix caching off as
-    draftfit starts hybrids here, ngram at k = 2: the state then keeps 2 more convolution rows and 2
-    more pages). Nemotron-H's mamba layer (5 rows of 8 · 32 + 2 · 2 · 64 channels, 8 heads of 32 × 64)
-    fits a 128-token attention block: one 1,024-token request is its attention layer's 8 blocks and 3
-    state pages — 11, where the pattern's 4 layers read as attention would be 32 and no state. Granite-4's
-    (5 rows of 512 + 2 · 64, 8 heads of 64 × 64) needs 256-token blocks: 4 + 3 = 7. With prefix caching
-    on, vLLM's default on GPUs, vllm-cpu's own sizing gave 11 and 7 at k = 0 (2 pages and a prefill
-    checkpoint) and 13 and 9 at k = 2 (speculation then fails in a GPU kernel here, after the sizing):
-    the prediction's 2 + 1 + k pages, checked below against those figures without more engines."""
+    """vllm-cpu started on tiny Nemotron-H, Granite-4 and Falcon-H1 targets (float32, prefix caching
+    off as draftfit starts hybrids here, ngram at k = 2: the state then keeps 2 more convolution rows
+    and 2 more pages). Nemotron-H's mamba layer (5 rows of 8 · 32 + 2 · 2 · 64 channels, 8 heads of
+    32 × 64) fits a 128-token attention block: one 1,024-token request is its attention layer's 8
+    blocks and 3 state pages — 11, where the pattern's 4 layers read as attention would be 32 and no
+    state. Granite-4's (5 rows of 512 + 2 · 64, 8 heads of 64 × 64) needs 256-token blocks: 4 + 3 = 7.
+    Falcon-H1's two layers each keep KV and a state, grouped by kind two to a block: 8 + 3 = 11 blocks
+    of two layers. With prefix caching on, vLLM's default on GPUs, vllm-cpu's own sizing gave 11, 7
+    and 11 at k = 0 (2 pages and a prefill checkpoint) and 13, 9 and 13 at k = 2 (speculation then
+    fails in a GPU kernel here, after the sizing): the prediction's 2 + 1 + k pages, checked below
+    against those figures without more engines."""
     pytest.importorskip("vllm")
     import tiny_mamba2
 
@@ -387,15 +389,17 @@ def test_the_installed_vllm_sizes_a_mamba2_hybrids_request_as_predicted(tmp_path
     from draftfit.vram import VLLM_CPU, KvLayout
 
     spec = {"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_min": 2, "prompt_lookup_max": 4}
-    for family, blocks, prefix_blocks in (("nemotron_h", 11, (11, 13)), ("granitemoehybrid", 7, (7, 9))):
+    for family, blocks, prefix_blocks in (("nemotron_h", 11, (11, 13)), ("granitemoehybrid", 7, (7, 9)),
+                                          ("falcon_h1", 11, (11, 13))):
         target = tiny_mamba2.build(tmp_path / family, smollm2_model, family)
         shape = ModelShape.from_config(json.loads((target / "config.json").read_text()))
-        assert shape.kv_layers == 1 and shape.recurrent.layers == 1
+        layers = 2 if family == "falcon_h1" else 1  # each kind's layers, one group: a block id spans them
+        assert shape.kv_layers == shape.recurrent.layers == layers
         engine = engine_slot.acquire(("mamba2", str(target)), lambda target=target: VLLMEngine(
             target, dtype="float32", max_model_len=1024, max_num_batched_tokens=256, progress=False, speculative_config=spec))
         cache = engine.llm.llm_engine.vllm_config.cache_config
         assert cache.enable_prefix_caching is False
-        page = cache.block_size * shape.kv_layer_bytes(4.0)
+        page = cache.block_size * shape.kv_layer_bytes(4.0) * layers
 
         def predicted(k: int, layout: KvLayout, shape=shape, page=page) -> float:
             rep = vram_report(Hardware(H100, count=1, tensor_parallel_size=1), shape, None, max_model_len=1024,
