@@ -766,21 +766,45 @@ class ModelShape:
         default for hybrid models; a mamba-2 layer one more, its prefill checkpoint), and the context's
         blocks are whole blocks of that size."""
         state = self.recurrent
+        group, (full, sliding, recurrent) = self._layer_groups()
+        layer = self.kv_layer_bytes(kv_dtype_bytes, tensor_parallel_size)
+        fixed = sliding * self.kv_layer_bytes(kv_dtype_bytes, tensor_parallel_size, sliding=True) * \
+            self.window_tokens(tokens, in_flight_tokens, block_tokens)
+        if state is not None:
+            block = self._state_block(layer, block_tokens, state_dtype_bytes, tensor_parallel_size, spec_tokens, ssm_dtype_bytes)
+            fixed += full * layer * (-(-tokens // block) * block - tokens)  # the context's last block, whole
+            fixed += recurrent * block * layer * ((2 + state.checkpoint_pages if prefix_caching else 1) + spec_tokens)
+        return full * layer, fixed
+
+    def _layer_groups(self) -> tuple[int, tuple[int, int, int]]:
+        """vLLM's layer groups: (layers per group, each kind's layers padded to whole groups) for the
+        full-attention, sliding-window and state-keeping kinds."""
+        state = self.recurrent
         counts = (self.full_kv_layers, self.sliding_layers, state.layers if state else 0)
         kinds = [n for n in counts if n]
         group = min(kinds)
         if max(kinds) < 1.5 * group:
             group = max(kinds)
-        full, sliding, recurrent = (-(-n // group) * group if len(kinds) > 1 else n for n in counts)
+        padded = tuple(-(-n // group) * group if len(kinds) > 1 else n for n in counts)
+        return group, padded  # type: ignore[return-value]
+
+    def _state_block(self, layer_bytes: float, block_tokens: int, state_dtype_bytes: float, tensor_parallel_size: int,
+                     spec_tokens: int, ssm_dtype_bytes: float | None) -> int:
+        """The attention block (tokens) vLLM enlarges until one layer's block holds a state page."""
+        page = self.recurrent.page_bytes(state_dtype_bytes, tensor_parallel_size, spec_tokens, ssm_dtype_bytes)
+        return block_tokens * -(-page // (block_tokens * layer_bytes))
+
+    def state_pool_block_bytes(self, kv_dtype_bytes: float = 2.0, tensor_parallel_size: int = 1, *,
+                               block_tokens: int = KV_BLOCK_TOKENS, spec_tokens: int = 0, state_dtype_bytes: float = 2.0,
+                               ssm_dtype_bytes: float | None = None) -> float:
+        """What one block of a hybrid model's KV pool takes on one GPU: a page (the enlarged attention
+        block) for each layer of a group. vLLM's pool holds free memory ÷ this many blocks; 0 without
+        a state."""
+        if self.recurrent is None:
+            return 0.0
         layer = self.kv_layer_bytes(kv_dtype_bytes, tensor_parallel_size)
-        fixed = sliding * self.kv_layer_bytes(kv_dtype_bytes, tensor_parallel_size, sliding=True) * \
-            self.window_tokens(tokens, in_flight_tokens, block_tokens)
-        if state is not None:
-            page = state.page_bytes(state_dtype_bytes, tensor_parallel_size, spec_tokens, ssm_dtype_bytes)
-            block = block_tokens * -(-page // (block_tokens * layer))
-            fixed += full * layer * (-(-tokens // block) * block - tokens)  # the context's last block, whole
-            fixed += recurrent * block * layer * ((2 + state.checkpoint_pages if prefix_caching else 1) + spec_tokens)
-        return full * layer, fixed
+        block = self._state_block(layer, block_tokens, state_dtype_bytes, tensor_parallel_size, spec_tokens, ssm_dtype_bytes)
+        return float(self._layer_groups()[0] * block * layer)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

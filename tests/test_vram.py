@@ -381,7 +381,8 @@ def test_the_installed_vllm_sizes_a_mamba2_hybrids_request_as_predicted(tmp_path
     of two layers. With prefix caching on, vLLM's default on GPUs, vllm-cpu's own sizing gave 11, 7
     and 11 at k = 0 (2 pages and a prefill checkpoint) and 13, 9 and 13 at k = 2 (speculation then
     fails in a GPU kernel here, after the sizing): the prediction's 2 + 1 + k pages, checked below
-    against those figures without more engines."""
+    against those figures without more engines. The pool's blocks are its memory over a page for
+    each layer of a group, as predicted: what vLLM holds max_num_seqs against on GPUs."""
     pytest.importorskip("vllm")
     import tiny_mamba2
 
@@ -409,6 +410,10 @@ def test_the_installed_vllm_sizes_a_mamba2_hybrids_request_as_predicted(tmp_path
 
         assert predicted(2, VLLM_CPU) == blocks
         assert cache.num_gpu_blocks / cache.kv_cache_max_concurrency == pytest.approx(blocks)  # vLLM's own
+        # the pool: its memory over a page for each layer of a group (what vLLM checks max_num_seqs against)
+        block = shape.state_pool_block_bytes(4.0, block_tokens=cache.block_size, spec_tokens=2, state_dtype_bytes=4.0,
+                                             ssm_dtype_bytes=4.0)
+        assert block == page and cache.num_gpu_blocks == cache.kv_cache_memory_bytes // block
         with_prefix = replace(VLLM_CPU, prefix_caching=True)
         assert (predicted(0, with_prefix), predicted(2, with_prefix)) == prefix_blocks
     engine_slot.release()
@@ -446,3 +451,33 @@ def test_the_installed_vllm_sizes_gemma4s_layers_and_its_assistant_as_predicted(
     assert predicted == 12
     assert cache.num_gpu_blocks / cache.kv_cache_max_concurrency == pytest.approx(predicted)  # vLLM's own
     engine_slot.release()
+
+
+def test_a_hybrid_that_cannot_give_each_default_sequence_a_pool_block_does_not_start():
+    """From vLLM 0.20 a hybrid under full CUDA graphs refuses to start when max_num_seqs exceeds its
+    pool's blocks. NVIDIA-Nemotron-Nano-9B-v2 on an H100 at 0.4 utilization: 633 blocks of 4 layers'
+    pages (its 27 mamba layers padded to 28, grouped by 4 with its attention layers) for vllm serve's
+    1,024 sequences — refused, with vLLM's words and the fix; at 0.9 it starts; on vLLM 0.19, and on
+    vllm-cpu (no CUDA graphs), nothing is checked."""
+    from test_hardware import NEMOTRON_NANO_9B_V2
+
+    from draftfit.vram import VLLM_CPU
+
+    shape = ModelShape.from_config(NEMOTRON_NANO_9B_V2)
+    hardware = Hardware(H100, count=1, tensor_parallel_size=1)
+
+    def report(utilization: float, **options):
+        return vram_report(hardware, shape, None, gpu_memory_utilization=utilization, max_model_len=32768,
+                           reserved_bytes=None, **options)
+
+    refused = report(0.4)
+    free = refused.budget_bytes - refused.target_weight_bytes - refused.reserved_bytes
+    assert refused.cache_blocks_baseline == int(free // shape.state_pool_block_bytes(2.0)) == 633
+    assert not refused.baseline_fits and not refused.fits
+    assert refused.fit_reason == ("baseline: max_num_seqs (1024) exceeds available Mamba cache blocks (633); vLLM refuses to "
+                                  "start (full CUDA graphs need a block per decoding sequence). Lower --max-num-seqs to at "
+                                  "most 633 or raise --gpu-memory-utilization")
+    assert report(0.4, max_num_seqs=512).baseline_fits
+    assert report(0.9).baseline_fits and report(0.9).cache_blocks_baseline > 1024
+    assert report(0.4, vllm_version="0.19.1").baseline_fits  # no block check yet
+    assert report(0.4, layout=VLLM_CPU).baseline_fits
