@@ -877,9 +877,8 @@ class RankRun:
 
             # the deploy command leaves max_num_seqs at vllm serve's default, where the reserve misses most
             notes = reserve_note(hardware.gpu) if study.gpu else []
-            drafts = {plan.candidate.name: shape for plan, shape in drafted_shapes}
             notes += target_shape.unmodelled_state_note("target")
-            notes += [note for name, shape in drafts.items() for note in shape.unmodelled_state_note(f"draft of {name}")]
+            notes += [note for plan, shape in drafted_shapes for note in shape.unmodelled_state_note(f"draft of {plan.candidate.name}")]
             for note in notes:
                 self.progress(note)
                 self.warnings.append(note)

@@ -336,6 +336,7 @@ def predict_what_if(
         "kind": "predicted",
         "kv_capacity_tokens": int(capacity),
         "kv_capacity_tokens_baseline": int(vram.capacity_tokens_baseline),
+        "cache_blocks": int(vram.cache_blocks_with_draft if speculating else vram.cache_blocks_baseline),
         "kv_cache_gib": sum(vram.kv_pool_bytes(with_draft=speculating)) / 2**30,
         "extra_vram_gib": float(vram.extra_gib),
         "fits": bool(vram.fits if speculating else vram.baseline_fits),

@@ -168,10 +168,7 @@ def format_what_if(result) -> str:
                      + " ".join(f"{row[c]['itl_ms_predicted']:.1f}" for c in levels))
     vram = result.vram
     lines.append("")
-    report = vram["report"]
-    blocks = report["cache_blocks_with_draft"] if vram["kv_capacity_tokens"] != vram["kv_capacity_tokens_baseline"] \
-        else report["cache_blocks_baseline"]
-    pool = f"; {blocks:,} pool blocks (vLLM needs one per sequence)" if blocks else ""
+    pool = f"; {vram['cache_blocks']:,} pool blocks (vLLM needs one per sequence)" if vram["cache_blocks"] else ""
     lines.append(f"KV capacity {vram['kv_capacity_tokens']:,} tokens ({vram['kv_cache_gib']:.2f} GiB per GPU, kv dtype "
                  f"{vram['kv_cache_dtype']}){pool}; draft takes {vram['extra_vram_gib']:.2f} GiB per GPU; {vram['fit_reason']}")
     lines += [f"note: {n}" for n in result.notes]

@@ -307,8 +307,8 @@ def cpu_linear_attention(model_dir: str | Path, dtype: str, *, auto: bool = Fals
     (``precopy_mamba_align``: a mamba-2 hybrid meets it once it speculates), so it is off — for the
     baseline and every configuration alike. Gated delta-net (linear-attention) layers (Qwen3-Next's,
     Qwen3.5's) besides run in bfloat16 only ("CPU GDN attention requires BF16."), so ``auto`` picks it
-    even where the CPU only emulates it; mamba-2 mixers (Nemotron-H's, Granite-4's, Bamba's) run in
-    any dtype."""
+    even where the CPU only emulates it; mamba-2 mixers (Nemotron-H's, Granite-4's, Falcon-H1's) run
+    in any dtype."""
     from vllm.platforms import current_platform
 
     from draftfit.compat.files import text_config_value
