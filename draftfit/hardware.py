@@ -525,9 +525,10 @@ class ModelShape:
             cfg = text_config(dict(cfg))
         model_type = str(cfg.get("model_type") or "unknown")
         label = name or str(cfg.get("_name_or_path") or model_type)
-        published = cfg  # as the checkpoint spells it, for transformers' own model of it
+        hf = None  # transformers' reading of a mamba-2 hybrid's config as the checkpoint spells it
         if model_type in MAMBA2_FAMILIES:
-            cfg = _mamba2_config(cfg, model_type)
+            hf = _hf_config(cfg, model_type)
+            cfg = _mamba2_config(cfg, hf)
 
         def need(*keys: str) -> int:
             value = _first(cfg, *keys)
@@ -586,8 +587,8 @@ class ModelShape:
             sliding=window.get("sliding_layers", 0),
             widths=widths,
         )
-        if model_type in MAMBA2_FAMILIES:  # mixers of their own kinds, and Nemotron-H's MLP-only layers
-            total, active, experts, small = _counted_params(published, model_type, n_experts, per_token) or (total, active, experts, small)
+        if hf is not None:  # mixers of their own kinds, and Nemotron-H's MLP-only layers
+            total, active, experts, small = _counted_params(hf, n_experts, per_token) or (total, active, experts, small)
         lookup, ple_projections = _per_layer_embeddings(cfg, hidden, layers, vocab)
         total, active = total + lookup + ple_projections, active + lookup + ple_projections
         source = "estimated from config.json"
@@ -835,11 +836,11 @@ def _names_state(cfg: Mapping[str, Any]) -> bool:
     return any(key in _STATE_KEYS or key.startswith(_STATE_KEY_PREFIXES) for key in cfg)
 
 
-def _mamba2_config(cfg: Mapping[str, Any], model_type: str) -> Mapping[str, Any]:
-    """A mamba-2 hybrid's config with what transformers (and vLLM, through it) reads into it where the
-    published config leaves it out: the layer kinds, the mixers' sizes, and the attention heads' width
-    (Nemotron-H's configs may name it ``attention_head_dim`` or not at all: 128, not hidden ÷ heads)."""
-    hf = _hf_config(cfg, model_type)
+def _mamba2_config(cfg: Mapping[str, Any], hf) -> Mapping[str, Any]:
+    """A mamba-2 hybrid's config with what transformers (and vLLM, through it) reads into it (``hf``)
+    where the published config leaves it out: the layer kinds, the mixers' sizes, and the attention
+    heads' width (Nemotron-H's configs may name it ``attention_head_dim`` or not at all: 128, not
+    hidden ÷ heads)."""
     if hf is None:
         return cfg
     filled = {"layer_types": list(getattr(hf, "layer_types", None) or ()) or None,
@@ -847,14 +848,10 @@ def _mamba2_config(cfg: Mapping[str, Any], model_type: str) -> Mapping[str, Any]
     return {**cfg, **{key: value for key, value in filled.items() if cfg.get(key) in (None, "auto") and value is not None}}
 
 
-def _counted_params(cfg: Mapping[str, Any], model_type: str, n_experts: int,
-                    per_token: int) -> tuple[float, float, float, float] | None:
-    """(total, active, routed experts, norms and routers) counted off transformers' own model of
-    ``cfg`` built on the meta device (no memory, no weights), for families whose layers the estimate
-    below does not describe; None where transformers cannot build it."""
-    hf = _hf_config(cfg, model_type)
-    if hf is None:
-        return None
+def _counted_params(hf, n_experts: int, per_token: int) -> tuple[float, float, float, float] | None:
+    """(total, active, routed experts, norms and routers) counted off transformers' own model of its
+    config ``hf`` built on the meta device (no memory, no weights), for families whose layers the
+    estimate below does not describe; None where transformers cannot build it."""
     try:
         import torch
         from transformers import AutoModelForCausalLM
