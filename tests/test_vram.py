@@ -481,3 +481,58 @@ def test_a_hybrid_that_cannot_give_each_default_sequence_a_pool_block_does_not_s
     assert report(0.9).baseline_fits and report(0.9).cache_blocks_baseline > 1024
     assert report(0.4, vllm_version="0.19.1").baseline_fits  # no block check yet
     assert report(0.4, layout=VLLM_CPU).baseline_fits
+
+
+def _study(**fields):
+    from draftfit.candidates import StudySettings
+
+    return StudySettings(gpu="H100 SXM", latency_source="roofline", concurrency=(1,), **fields)
+
+
+def test_rank_sizes_each_candidate_under_the_vllm_its_deploy_command_is_for():
+    """rank's VRAM report follows the study's vLLM version, as its deploy command does: vLLM 0.20
+    kept CUDA graphs outside the profiled reserve, so the same Llama-3.1-8B pair keeps more KV there."""
+    from draftfit.calibration import gpu_constants
+    from draftfit.pipeline import candidate_vram
+
+    constants = gpu_constants("H100 SXM")
+    hardware = Hardware(H100)
+
+    def ranked(version: str | None):
+        return candidate_vram(_study(vllm_version=version, max_model_len=8192), hardware, LLAMA_8B, LLAMA_8B,
+                              model_free=False, ks=(2, 4), constants=constants, activation_dtype="bf16",
+                              target_dtype="bf16", draft_dtype="bf16")
+
+    def direct(version: str):
+        return vram_report(hardware, LLAMA_8B, LLAMA_8B, max_model_len=8192, reserved_bytes=None, constants=constants,
+                           num_speculative_tokens=4, vllm_version=version)
+
+    old, new = ranked("0.20.0"), ranked("0.32.0")
+    assert old.capacity_tokens_with_draft == direct("0.20.0").capacity_tokens_with_draft
+    assert new.capacity_tokens_with_draft == direct("0.32.0").capacity_tokens_with_draft
+    assert old.capacity_tokens_with_draft > new.capacity_tokens_with_draft
+
+
+def test_rank_sizes_a_model_free_method_where_the_target_keeps_state_per_speculative_token():
+    """ngram costs a transformer nothing, so rank gives it no VRAM report; a hybrid keeps a state page
+    per speculative token and may be refused at start-up whatever proposes — rank shows both."""
+    from test_hardware import NEMOTRON_NANO_9B_V2
+
+    from draftfit.calibration import gpu_constants
+    from draftfit.pipeline import candidate_vram
+
+    constants = gpu_constants("H100 SXM")
+    shape = ModelShape.from_config(NEMOTRON_NANO_9B_V2)
+
+    def ranked(target, utilization=0.9, ks=(4,)):
+        return candidate_vram(_study(max_model_len=32768, gpu_memory_utilization=utilization), Hardware(H100), target,
+                              None, model_free=True, ks=ks, constants=constants, activation_dtype="bf16",
+                              target_dtype="bf16", draft_dtype="bf16")
+
+    assert ranked(LLAMA_8B) is None
+    at4 = ranked(shape)
+    assert at4.draft_weight_bytes == 0 and at4.extra_bytes > 0
+    assert at4.cache_blocks_with_draft < at4.cache_blocks_baseline
+    assert ranked(shape, ks=(1,)).cache_blocks_with_draft > at4.cache_blocks_with_draft
+    refused = ranked(shape, utilization=0.4)
+    assert not refused.fits and "exceeds available Mamba cache blocks" in refused.fit_reason
