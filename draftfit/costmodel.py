@@ -88,9 +88,12 @@ class GpuStepTime:
 
         fixed    = the pass's fixed cost (graph replay or launches, sampler; the target's includes
                    vLLM's engine step) + eager launches per layer when CUDA graphs are off
-        memory   = (weights read ÷ TP + K · KV bytes per token per GPU) ÷ (HBM B/s · memory efficiency)
+        memory   = (weights read ÷ TP + K · KV bytes per token per GPU + state moved)
+                   ÷ (HBM B/s · memory efficiency)
                    weights read: the dense part whole, a MoE's routed experts in the share the n
                    tokens touch, quantized layers at their bytes and the rest in the activation dtype
+                   state moved: a hybrid's recurrent matrices, read once per sequence and stored
+                   after every decoded token (:meth:`state_bytes`)
         compute  = (2 · active matmul params · n + 2 · Σ layers · heads · (key + value width) · n · K/B) ÷ TP
                    ÷ (bf16 FLOP/s · compute efficiency)
         gpu      = (memory^p + compute^p)^(1/p)       a smooth memory→compute transition
@@ -153,9 +156,21 @@ class GpuStepTime:
         b = np.maximum(np.asarray(seqs, float), 1.0)
         return b * self.shape.kv_read_bytes(np.asarray(kv_tokens, float) / b, self.kv_dtype_bytes, self.tensor_parallel_size)
 
-    def memory_time(self, batched_tokens: Any, kv_tokens: Any, seqs: Any = None) -> np.ndarray:
+    def state_bytes(self, batched_tokens: Any, seqs: Any, prefill_tokens: Any = 0.0) -> np.ndarray:
+        """A hybrid's recurrent state one GPU moves in a pass whose ``prefill_tokens`` (of
+        ``batched_tokens``) are one prompt's prefill and the rest are decoded
+        (:meth:`~draftfit.hardware.RecurrentState.step_bytes`); nothing for a model without such layers."""
+        state = self.shape.recurrent
+        if state is None:
+            return np.zeros(np.shape(batched_tokens))
+        p = np.asarray(prefill_tokens, float)
+        return state.step_bytes(seqs, np.asarray(batched_tokens, float) - p, (p > 0).astype(float),
+                                dtype_bytes(self.activation_dtype), self.tensor_parallel_size)
+
+    def memory_time(self, batched_tokens: Any, kv_tokens: Any, seqs: Any = None, prefill_tokens: Any = 0.0) -> np.ndarray:
         b = batched_tokens if seqs is None else seqs
-        moved = self.weight_bytes(batched_tokens) + self.kv_read_bytes(kv_tokens, b)
+        moved = (self.weight_bytes(batched_tokens) + self.kv_read_bytes(kv_tokens, b)
+                 + self.state_bytes(batched_tokens, b, prefill_tokens))
         return moved / (self.gpu.hbm_bytes_per_s * self.constants.memory_efficiency)
 
     def compute_time(self, batched_tokens: Any, kv_tokens: Any, seqs: Any = None) -> np.ndarray:
@@ -181,7 +196,9 @@ class GpuStepTime:
         # the roofline prices a multi-token query, a prefill's too, through its attention FLOPs
         # (tokens × context): neither multi_query_kv nor prefill_pairs adds to them
         p = self.constants.transition_p
-        mem = self.memory_time(batched_tokens, kv_tokens, seqs)
+        # a prefill's causal pairs give its length back: pairs = n(n + 1)/2
+        prompt = (np.sqrt(8.0 * np.asarray(prefill_pairs, float) + 1.0) - 1.0) / 2.0
+        mem = self.memory_time(batched_tokens, kv_tokens, seqs, prompt)
         comp = self.compute_time(batched_tokens, kv_tokens, seqs)
         gpu = (mem**p + comp**p) ** (1.0 / p)
         return self.fixed_s + gpu + self.allreduce_time(batched_tokens)

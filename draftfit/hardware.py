@@ -461,7 +461,24 @@ class RecurrentState:
         if self.groups and self.groups % tp:
             channels += (tp - self.groups) * self.group_elems
         conv = (self.conv_kernel - 1 + spec_tokens) * (channels // tp) * dtype_bytes
-        return conv + (self.heads // tp) * self.head_elems * (ssm_dtype_bytes or self.ssm_dtype_bytes or dtype_bytes)
+        return conv + self.matrix_bytes(dtype_bytes, tp, ssm_dtype_bytes)
+
+    def matrix_bytes(self, dtype_bytes: float = 2.0, tensor_parallel_size: int = 1, ssm_dtype_bytes: float | None = None) -> float:
+        """One layer's recurrent matrices for one sequence on one GPU."""
+        return (self.heads // tensor_parallel_size) * self.head_elems * (ssm_dtype_bytes or self.ssm_dtype_bytes or dtype_bytes)
+
+    def step_bytes(self, seqs: Any, decoded_tokens: Any, prefills: Any = 0.0, dtype_bytes: float = 2.0,
+                   tensor_parallel_size: int = 1) -> np.ndarray:
+        """State bytes one GPU moves in a forward pass over all these layers. vLLM's decode kernels
+        (``selective_state_update``, ``fused_recurrent_gated_delta_rule``) read each sequence's
+        recurrent matrices once and store them after every token they decode — a verification of k
+        drafts stores k + 1, one per position it may stop at; a prefill's chunked scan stores its
+        final state once. The convolution rows are read and written once per sequence."""
+        matrix = self.matrix_bytes(dtype_bytes, tensor_parallel_size)
+        conv = self.page_bytes(dtype_bytes, tensor_parallel_size) - matrix
+        seqs = np.asarray(seqs, float)
+        stores = np.asarray(decoded_tokens, float) + np.asarray(prefills, float)
+        return self.layers * (matrix * (seqs + stores) + 2.0 * conv * seqs)
 
 
 @dataclass(frozen=True)

@@ -286,7 +286,8 @@ class VramReport:
 
     @property
     def extra_bytes(self) -> float:
-        """What the draft takes on each GPU at the configured load: its weights + its KV."""
+        """What speculation takes on each GPU at the configured load: the draft's weights + its KV (a
+        hybrid target's state pages per speculative token among it)."""
         return self.draft_weight_bytes + self.draft_kv_bytes_at_load
 
     @property

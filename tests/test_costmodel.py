@@ -434,3 +434,39 @@ def test_a_sliding_window_layer_reads_only_its_window():
     assert float(unwindowed.kv_read_bytes(4 * 10_128, 4)) == 4 * layer * 36 * 10_128
     assert float(step.step_time(4, 4 * 100, 4)) == float(unwindowed.step_time(4, 4 * 100, 4))
     assert float(step.step_time(4, 4 * 10_128, 4)) < float(unwindowed.step_time(4, 4 * 10_128, 4))
+
+
+def test_a_hybrids_recurrent_state_is_read_once_and_stored_after_every_decoded_token():
+    """NVIDIA-Nemotron-Nano-9B-v2's 27 mamba layers, by hand: a sequence's recurrent matrices are
+    128 heads · 80 · 128 · 4 B (float32) = 5,242,880 B a layer, its convolution rows 3 · (128·80 +
+    2·8·128) · 2 B = 73,728 B. A plain decode step moves each sequence's matrices twice (read, store)
+    and its rows twice; a verification of k = 3 stores them after each of its 4 tokens; a prefill
+    of 512 tokens stores them once, at its end."""
+    from dataclasses import replace
+
+    from test_hardware import NEMOTRON_NANO_9B_V2
+
+    hybrid = ModelShape.from_config(NEMOTRON_NANO_9B_V2)
+    constants = gpu_constants("H100 SXM")
+    with_state = GpuStepTime(H100, hybrid, constants)
+    without = GpuStepTime(H100, replace(hybrid, recurrent=None), constants)
+    per_s = H100.hbm_bytes_per_s * constants.memory_efficiency
+    matrix, conv = 128 * 80 * 128 * 4, 3 * (128 * 80 + 2 * 8 * 128) * 2
+
+    def moved(tokens, seqs, kv, prompt=0.0):
+        extra = float(with_state.memory_time(tokens, kv, seqs, prompt)) - float(without.memory_time(tokens, kv, seqs))
+        return extra * per_s
+
+    b = 32
+    assert moved(b, b, b * 500) == pytest.approx(27 * b * (2 * matrix + 2 * conv))
+    assert moved(4 * b, b, b * 500) == pytest.approx(27 * b * ((1 + 4) * matrix + 2 * conv))
+    assert moved(b + 512, b + 1, b * 500 + 512, 512) == pytest.approx(27 * ((2 * b + 2) * matrix + 2 * conv * (b + 1)))
+    # through step_time, the prefill's length comes back from its causal pairs
+    from draftfit.hardware import prefill_pairs
+
+    prefill = float(with_state.step_time(b + 512, b * 500 + 512, b + 1, 0.0, prefill_pairs(512)))
+    stored_each_token = float(with_state.step_time(b + 512, b * 500 + 512, b + 1))
+    assert prefill < stored_each_token
+    # at batch 32 the state is a sizable share of a plain step: the model without it was too fast
+    assert float(with_state.step_time(b, b * 500, b)) > 1.3 * float(without.step_time(b, b * 500, b))
+    assert np.all(without.state_bytes([1, 4], [1, 1]) == 0)

@@ -170,6 +170,6 @@ def format_what_if(result) -> str:
     lines.append("")
     pool = f"; {vram['cache_blocks']:,} pool blocks (vLLM needs one per sequence)" if vram["cache_blocks"] else ""
     lines.append(f"KV capacity {vram['kv_capacity_tokens']:,} tokens ({vram['kv_cache_gib']:.2f} GiB per GPU, kv dtype "
-                 f"{vram['kv_cache_dtype']}){pool}; draft takes {vram['extra_vram_gib']:.2f} GiB per GPU; {vram['fit_reason']}")
+                 f"{vram['kv_cache_dtype']}){pool}; speculation takes {vram['extra_vram_gib']:.2f} GiB per GPU; {vram['fit_reason']}")
     lines += [f"note: {n}" for n in result.notes]
     return "\n".join(lines)
