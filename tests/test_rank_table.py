@@ -52,3 +52,20 @@ def test_a_long_ranking_still_shows_the_best_configuration_of_every_draft():
     i = lines.index("  the best configuration of every other draft:")
     assert [line.split()[:3] for line in lines[i + 1:i + 3]] == [["6", "early-exit-4", "k=2"], ["8", "self", "k=1"]]
     assert lines[-1] == "  (3 more ranked configs in results.csv and the report)"
+
+
+def test_the_recommendation_says_why_it_is_not_rank_one():
+    """By the tie rule the recommendation can sit below faster configs; the terminal gives the reason."""
+    from draftfit.cli.tables import format_recommendation
+
+    reason = "rank 9 at concurrency 1: tied within CI with suffix k=8 (1.93× [1.62, 2.40]); chosen for smaller k (k=2 < 8)"
+    rec = {"primary_concurrency": 1, "candidate": "suffix", "k": 2, "speedup": 1.6465, "speedup_low": 1.5011,
+           "speedup_high": 1.8260, "reason": reason,
+           "schedule": [{"concurrency": 1, "k": 2}, {"concurrency": 4, "k": 2}, {"concurrency": 16, "k": 4}]}
+    assert format_recommendation(rec).splitlines() == [
+        "Recommendation (predicted): suffix with k=2 — 1.65× [1.50, 1.83] at concurrency 1",
+        f"why: {reason}",
+        "k by concurrency: 1: k=2, 4: k=2, 16: k=4",
+    ]
+    none = format_recommendation({"reason": "no config is predicted to pay at concurrency 1"})
+    assert none == "Recommendation (predicted): no speculation — no config is predicted to pay at concurrency 1"

@@ -49,7 +49,7 @@ def rank(candidate_files, study_file, reports_dir, run_id, gpu_catalog, profile_
       draftfit rank candidates/*.yaml --gpu "H100 SXM" --latency-source roofline --concurrency 1,8,32
     """
     from draftfit.candidates import build_study, check_inputs, load_candidates
-    from draftfit.cli.tables import format_table
+    from draftfit.cli.tables import format_recommendation, format_table
     from draftfit.pipeline import PROFILE_PLANS, RankRun
 
     candidates, from_files = load_candidates(list(candidate_files))
@@ -77,16 +77,8 @@ def rank(candidate_files, study_file, reports_dir, run_id, gpu_catalog, profile_
     click.echo(f"Ranking at concurrency {study.primary_concurrency} (× = predicted speedup vs. no speculation at each "
                f"concurrency; latency source: {study.latency_source}; * = Pareto front of speedup vs. extra VRAM)")
     click.echo(format_table(results))
-    rec = results.recommendation or {}
     click.echo("")
-    if rec.get("candidate"):
-        click.echo(f"Recommendation (predicted): {rec['candidate']} with k={rec['k']} — {rec['speedup']:.2f}× "
-                   f"[{rec['speedup_low']:.2f}, {rec['speedup_high']:.2f}] at concurrency {rec['primary_concurrency']}")
-        schedule = ", ".join(f"{e['concurrency']}: {'off' if not e['k'] else 'k=' + str(e['k'])}" for e in rec.get("schedule", []))
-        if schedule:
-            click.echo(f"k by concurrency: {schedule}")
-    else:
-        click.echo(f"Recommendation (predicted): no speculation — {rec.get('reason', 'nothing ranked')}")
+    click.echo(format_recommendation(results.recommendation or {}))
     deploy = (results.deploy or {}).get("recommended")
     if deploy:
         for command in deploy.get("prepare") or []:

@@ -55,6 +55,21 @@ def format_table(results: results_mod.Results, *, limit: int = 20) -> str:
     return "\n".join(lines)
 
 
+def format_recommendation(rec: dict[str, Any]) -> str:
+    """The recommendation as rank prints it, with why it was chosen: by the tie rule it need not be
+    rank 1, and a user who sees a faster config above it should read the reason beside it."""
+    if not rec.get("candidate"):
+        return f"Recommendation (predicted): no speculation — {rec.get('reason', 'nothing ranked')}"
+    lines = [f"Recommendation (predicted): {rec['candidate']} with k={rec['k']} — {rec['speedup']:.2f}× "
+             f"[{rec['speedup_low']:.2f}, {rec['speedup_high']:.2f}] at concurrency {rec['primary_concurrency']}"]
+    if rec.get("reason"):
+        lines.append(f"why: {rec['reason']}")
+    schedule = ", ".join(f"{e['concurrency']}: {'off' if not e['k'] else 'k=' + str(e['k'])}" for e in rec.get("schedule", []))
+    if schedule:
+        lines.append(f"k by concurrency: {schedule}")
+    return "\n".join(lines)
+
+
 def _measured_lines(config: dict) -> list[str]:
     def err(pred, meas) -> str:
         return f"{(pred - meas) / meas:+.0%}" if pred is not None and meas else "—"
