@@ -592,6 +592,10 @@ class RankRun:
 
         ranking = build_ranking(rows, study.primary_concurrency) if rows else None
         deploy = self._deploy(ranking, plans, target_ref) if ranking else None
+        beyond = ranking.recommendation.extrapolation_note() if ranking else None
+        if beyond:
+            self.progress(beyond)
+            self.warnings.append(beyond)
         if ranking is not None:
             by_key = {(r.row.candidate, r.row.k): r for r in ranking.ranked}
             for config in configs:

@@ -326,6 +326,20 @@ class Recommendation:
             **extra,
         )
 
+    def extrapolation_note(self, max_batch_size: int = 1024) -> str | None:
+        """What the deploy command decides beyond the largest studied concurrency, where nothing was
+        predicted: speculation left on there (the last level's k, carried to ``max_batch_size`` by the
+        schedule or a fixed k) is a guess the user should know of."""
+        if self.candidate is None or not self.schedule or not self.schedule[-1].k:
+            return None
+        last = self.schedule[-1]
+        if last.concurrency >= max_batch_size:
+            return None
+        return (f"the deploy command keeps {self.candidate} at k={last.k} for batches above {last.concurrency} "
+                f"sequences, the largest concurrency studied ({last.speedup:.2f}× predicted there): nothing was predicted "
+                f"beyond it. If the service runs more sequences at once, add those levels (--concurrency) or cap "
+                f"--max-num-seqs")
+
     def to_dict(self) -> dict[str, Any]:
         data = {k: v for k, v in self.__dict__.items() if k != "schedule"}
         data["schedule"] = [e.to_dict() for e in self.schedule]

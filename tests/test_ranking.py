@@ -249,3 +249,17 @@ def test_an_off_level_carries_what_the_schedule_runs_there():
     assert entries[1].speedup == 0.95 and entries[1].to_dict()["off_speedup"] == 0.93
     # rows of a record without it: not predicted, not 1
     assert k_schedule([row("d", 1, (1.3, 0.95), levels=(1, 16))], "d")[1].off_speedup is None
+
+
+def test_speculation_left_on_past_the_largest_studied_level_is_said():
+    """The schedule carries the largest level's k to vLLM's largest batch, where nothing was
+    predicted: the recommendation says so. Off at that level, or a level at the batch limit, it is silent."""
+    on = build_ranking([row("d", 3, (1.9, 1.6, 1.3), levels=(1, 4, 8))], 1).recommendation
+    note = on.extrapolation_note()
+    assert note == ("the deploy command keeps d at k=3 for batches above 8 sequences, the largest concurrency "
+                    "studied (1.30× predicted there): nothing was predicted beyond it. If the service runs more "
+                    "sequences at once, add those levels (--concurrency) or cap --max-num-seqs")
+    off = build_ranking([row("d", 3, (1.9, 1.6, 0.9), levels=(1, 4, 8))], 1).recommendation
+    assert off.vllm_schedule()[-1][2] == 0 and off.extrapolation_note() is None
+    assert on.extrapolation_note(max_batch_size=8) is None
+    assert build_ranking([row("d", 3, 0.9)], 1).recommendation.extrapolation_note() is None
