@@ -69,3 +69,12 @@ def test_the_recommendation_says_why_it_is_not_rank_one():
     ]
     none = format_recommendation({"reason": "no config is predicted to pay at concurrency 1"})
     assert none == "Recommendation (predicted): no speculation — no config is predicted to pay at concurrency 1"
+
+
+def test_a_config_that_never_drafted_shows_no_al():
+    """Prompt lookup that found no match in a small sample has no drafting step: AL is undefined
+    (NaN in memory, null in results.json), shown as such rather than as "nan"."""
+    for undefined in (float("nan"), None):
+        config = _config("ngram", 2, 1, {1: 1.0}) | {"al_predicted": undefined, "al_ci_low": undefined, "al_ci_high": undefined}
+        line = format_table(_results([config])).splitlines()[2]
+        assert "— (no drafts)" in line and "nan" not in line

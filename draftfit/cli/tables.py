@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -25,7 +26,9 @@ def format_table(results: results_mod.Results, *, limit: int = 20) -> str:
     lines = [head, "-" * len(head)]
 
     def row(c: dict, rank: str) -> None:
-        al = f"{c['al_predicted']:.2f} [{c['al_ci_low']:.2f},{c['al_ci_high']:.2f}]"
+        # no drafting step at all in the sample (prompt lookup that never matched): no AL to show
+        drafted = c.get("al_predicted") is not None and math.isfinite(c["al_predicted"])
+        al = f"{c['al_predicted']:.2f} [{c['al_ci_low']:.2f},{c['al_ci_high']:.2f}]" if drafted else "— (no drafts)"
         speeds = " ".join(f"{p['speedup_predicted']:>7.2f}" for p in c["per_concurrency"])
         lines.append(f"{rank:>4} {c['candidate'] + ' k=' + str(c['k']):<22} {al:>15} {speeds} {c['extra_vram_gib']:>9.3f}  {'yes' if c['fits'] else 'NO'}")
         lines.extend(_measured_lines(c))
