@@ -755,6 +755,7 @@ class RankRun:
         from draftfit.metrics import SpecCounts
         from draftfit.ranking import rows_from_prediction
         from draftfit.records import ConfigEntry, LevelEntry
+
         study = self.study
         hardware = self.hardware
         rule = select_rule(study.temperature, study.draft_sample_method)
