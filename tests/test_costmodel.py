@@ -446,6 +446,8 @@ def test_a_hybrids_recurrent_state_is_read_once_and_stored_after_every_decoded_t
 
     from test_hardware import NEMOTRON_NANO_9B_V2
 
+    from draftfit.hardware import prefill_pairs
+
     hybrid = ModelShape.from_config(NEMOTRON_NANO_9B_V2)
     constants = gpu_constants("H100 SXM")
     with_state = GpuStepTime(H100, hybrid, constants)
@@ -454,7 +456,7 @@ def test_a_hybrids_recurrent_state_is_read_once_and_stored_after_every_decoded_t
     matrix, conv = 128 * 80 * 128 * 4, 3 * (128 * 80 + 2 * 8 * 128) * 2
 
     def moved(tokens, seqs, kv, prompt=0.0):
-        extra = float(with_state.memory_time(tokens, kv, seqs, prompt)) - float(without.memory_time(tokens, kv, seqs))
+        extra = float(with_state.memory_time(tokens, kv, seqs, prefill_pairs(prompt))) - float(without.memory_time(tokens, kv, seqs))
         return extra * per_s
 
     b = 32
@@ -462,8 +464,6 @@ def test_a_hybrids_recurrent_state_is_read_once_and_stored_after_every_decoded_t
     assert moved(4 * b, b, b * 500) == pytest.approx(27 * b * ((1 + 4) * matrix + 2 * conv))
     assert moved(b + 512, b + 1, b * 500 + 512, 512) == pytest.approx(27 * ((2 * b + 2) * matrix + 2 * conv * (b + 1)))
     # through step_time, the prefill's length comes back from its causal pairs
-    from draftfit.hardware import prefill_pairs
-
     prefill = float(with_state.step_time(b + 512, b * 500 + 512, b + 1, 0.0, prefill_pairs(512)))
     stored_each_token = float(with_state.step_time(b + 512, b * 500 + 512, b + 1))
     assert prefill < stored_each_token
