@@ -50,9 +50,12 @@ from MiMo's) into a decoder layer of their family (latent or grouped-query atten
 feed back their normed output (DeepSeek) or the sum before that norm (GLM); GLM-4.7-Flash's
 (``glm4_moe_lite_mtp.py``, :class:`Glm4MoeLiteMTPHead`) is DeepSeek's layer fed back as GLM's, Hunyuan 3's
 (``hy_v3_mtp.py``, :class:`HyV3MTPHead`) DeepSeek's reading through HY V3's layer, MiMo-V2-Flash's
-(``mimo_v2_mtp.py``, :class:`MiMoV2MTPHead`) a window layer with attention sinks. Qwen3-Next's
-(``qwen3_next_mtp.py``, :class:`Qwen3NextMTPHead`) is read as ``mtp.*``: the same reading through
-its own ``fc``, one of the target's full-attention layers (a gated query), its normed output fed back.
+(``mimo_v2_mtp.py``, :class:`MiMoV2MTPHead`) a window layer with attention sinks, GLM-OCR's
+(``glm_ocr_mtp.py``, :class:`GlmOcrMTPHead`) GLM's reading through GLM-4's sandwich-normed dense layer.
+Qwen3-Next's (``qwen3_next_mtp.py``, :class:`Qwen3NextMTPHead`) is read as ``mtp.*``: the same reading
+through its own ``fc``, one of the target's full-attention layers (a gated query), its normed output
+fed back; K-EXAONE's and EXAONE-4.5's (:class:`ExaoneMoeMTPHead`, :class:`Exaone4_5MTPHead`) read so
+through EXAONE's layers.
 """
 
 from __future__ import annotations
@@ -191,6 +194,7 @@ ERNIE_MTP_ARCHITECTURE = "Ernie4_5_MoeForCausalLM"  # ERNIE-4.5's MoE models: vL
 EXAONE_MOE_MTP_ARCHITECTURES = ("ExaoneMoeForCausalLM", "ExaoneMoEForCausalLM")  # K-EXAONE: vLLM's exaone_moe_mtp
 HY_V3_MTP_ARCHITECTURE = "HYV3ForCausalLM"  # Hunyuan 3 (Hy3): vLLM's hy_v3_mtp
 GLM_OCR_MTP_ARCHITECTURE = "GlmOcrForConditionalGeneration"  # GLM-OCR: vLLM's glm_ocr_mtp
+EXAONE4_5_MTP_ARCHITECTURE = "Exaone4_5_ForConditionalGeneration"  # EXAONE-4.5: vLLM's exaone4_5_mtp
 MIMO_V2_MTP_ARCHITECTURE = "MiMoV2FlashForCausalLM"  # MiMo-V2-Flash: vLLM's mimo_v2_mtp (its first layer)
 # vLLM's qwen3_5_mtp: the multimodal checkpoints Qwen3.5 ships and text-only ones, dense and MoE
 QWEN3_5_MTP_ARCHITECTURES = ("Qwen3_5ForConditionalGeneration", "Qwen3_5MoeForConditionalGeneration",
@@ -198,14 +202,15 @@ QWEN3_5_MTP_ARCHITECTURES = ("Qwen3_5ForConditionalGeneration", "Qwen3_5MoeForCo
 OFFLINE_MTP_LAYOUTS = ("MiMo's (vLLM's mimo_mtp), DeepSeek-V3's (deepseek_mtp), GLM-4.5's (glm4_moe_mtp), "
                        "GLM-4.7-Flash's (glm4_moe_lite_mtp), Qwen3-Next's (qwen3_next_mtp), Qwen3.5's "
                        "(qwen3_5_mtp), ERNIE-4.5's (ernie_mtp), K-EXAONE's (exaone_moe_mtp), Hunyuan 3's (hy_v3_mtp), "
-                       "MiMo-V2-Flash's (mimo_v2_mtp) and GLM-OCR's (glm_ocr_mtp), and Gemma 4's assistant (gemma4_mtp)")
+                       "MiMo-V2-Flash's (mimo_v2_mtp), GLM-OCR's (glm_ocr_mtp) and EXAONE-4.5's (exaone4_5_mtp), and Gemma 4's "
+                       "assistant (gemma4_mtp)")
 
 
 def mtp_layout(raw: dict[str, Any]) -> str | None:
     """The architecture naming the MTP layout this version runs offline for a target's config, or None."""
     arch = (raw.get("architectures") or [None])[0]
     if arch in (MTP_ARCHITECTURE, GLM_MTP_ARCHITECTURE, QWEN3_NEXT_MTP_ARCHITECTURE, *QWEN3_5_MTP_ARCHITECTURES,
-                GLM_OCR_MTP_ARCHITECTURE):
+                GLM_OCR_MTP_ARCHITECTURE, EXAONE4_5_MTP_ARCHITECTURE):
         return arch
     if arch == DEEPSEEK_MTP_ARCHITECTURE and raw.get("model_type") == DEEPSEEK_MTP_MODEL_TYPE:
         return arch
@@ -246,6 +251,10 @@ def _mtp_config(raw: dict[str, Any], directory: Path) -> HeadConfig:
             raise DraftfitError("a Qwen3-Next or Qwen3.5 layer with layer_scale or without its attention output gate is not "
                                 "modelled offline by this draftfit version", where=str(directory),
                                 fix="Measure this target's MTP with `draftfit verify`")
+    elif arch == EXAONE4_5_MTP_ARCHITECTURE:  # EXAONE 4's RoPE: Llama 3's scaling where named, base 1e6 by default
+        fields = _layer_fields(raw, directory, rope_types=("default", "llama3"))
+        rope = raw.get("rope_parameters") or raw.get("rope_scaling") or {}
+        fields["rope_theta"] = float(rope.get("rope_theta") or raw.get("rope_theta") or 1000000.0)
     elif arch == MIMO_V2_MTP_ARCHITECTURE:  # the layer is a sliding-window one, with its own sizes
         fields = _layer_fields(raw, directory) | {
             "num_heads": int(raw["swa_num_attention_heads"]), "num_kv_heads": int(raw["swa_num_key_value_heads"]),
@@ -279,11 +288,12 @@ def _deepseek_fields(raw: dict[str, Any], directory: Path) -> dict[str, Any]:
     }
 
 
-def _layer_fields(layer: dict[str, Any], directory: Path) -> dict[str, Any]:
-    """The decoder layer's fields of :class:`HeadConfig` from a Llama layer config."""
+def _layer_fields(layer: dict[str, Any], directory: Path, rope_types: tuple[str, ...] = ("default",)) -> dict[str, Any]:
+    """The decoder layer's fields of :class:`HeadConfig` from a Llama layer config (its RoPE one of
+    ``rope_types``: the head's layout applies the scaling)."""
     rope = layer.get("rope_scaling") or layer.get("rope_parameters") or {}
     rope_type = rope.get("rope_type") or rope.get("type") or "default"
-    if rope_type != "default":
+    if rope_type not in rope_types:
         raise DraftfitError(f"the head's RoPE scaling {rope_type!r} is not modelled offline by this draftfit version",
                             where=str(directory), fix="Measure this head with `draftfit verify`")
     h = int(layer["hidden_size"])
@@ -972,13 +982,7 @@ class DeepSeekMTPHead(EhProjMTPHead):
         ``yarn_get_mscale(factor, mscale_all_dim)²``."""
         import math
 
-        from transformers import AutoConfig
-        from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
-
-        hf = AutoConfig.for_model(model["model_type"], **{k: v for k, v in model.items()
-                                                           if k not in ("model_type", "architectures", "auto_map")})
-        inv, gain = ROPE_INIT_FUNCTIONS["yarn"](hf)
-        self.inv_freq, self.rope_gain = inv.float(), float(gain)
+        self.inv_freq, self.rope_gain = _scaled_rope(model, "yarn")
         factor, all_dim = float(rope["factor"]), float(rope.get("mscale_all_dim") or 0.0)
         if all_dim and factor > 1:
             self.scale *= (0.1 * all_dim * math.log(factor) + 1.0) ** 2
@@ -1276,6 +1280,53 @@ class ExaoneMoeMTPHead(Qwen3NextMTPHead):
     _block = Eagle3Head._block
 
 
+class Exaone4_5MTPHead(ExaoneMoeMTPHead):
+    """An EXAONE-4.5 target's MTP layer (vLLM's ``exaone4_5_mtp.py``), chained as an EAGLE head is.
+
+    Read as K-EXAONE's is (``mtp.fc`` over ``[pre_fc_norm_embedding(embed), pre_fc_norm_hidden(state)]``,
+    the embedding not zeroed; ``mtp.layers.0.*``; ``mtp.norm`` of the layer's output both the logits'
+    input and the next state; plain norms), from the multimodal checkpoint beside its text model, through
+    EXAONE 4's decoder layer: no input norm — the attention's and the MLP's outputs are each normed
+    before their sums (``post_attention_layernorm``, ``post_feedforward_layernorm``) — per-head q/k norms,
+    the attention of the text model's first layer type (a sliding window where that is
+    ``sliding_attention``), and neox RoPE over the whole head (Llama 3's scaling where the config names
+    it) only where the layer slides or the model has no sliding layers: EXAONE 4's global layers are NoPE.
+    """
+
+    PARAMS = ("pre_fc_norm_embedding", "pre_fc_norm_hidden", "fc", "o_proj", "post_attention_layernorm",
+              "post_feedforward_layernorm", "final_layernorm", "q_proj", "k_proj", "v_proj", "q_norm", "k_norm")
+    FAMILY = "EXAONE-4.5"
+
+    def __init__(self, config: HeadConfig, tensors: dict[str, Any], embed, d2t=None, *, model: dict[str, Any]):
+        super().__init__(config, tensors, embed, d2t, model=model)
+        self.rotates = self.window is not None or "sliding_attention" not in (model.get("layer_types") or [])
+        rope = model.get("rope_parameters") or model.get("rope_scaling") or {}
+        if (rope.get("rope_type") or rope.get("type")) == "llama3":
+            self.inv_freq, _ = _scaled_rope(model, "llama3")
+
+    @staticmethod
+    def layer_window(model: dict[str, Any]) -> int | None:
+        """The MTP layer's sliding window (None: full attention): vLLM builds it as the text model's layer 0."""
+        types = model.get("layer_types") or ["full_attention"]
+        return int(model["sliding_window"]) if types[0] == "sliding_attention" else None
+
+    def _layer_input(self, tokens, hidden, positions):
+        """``fc([pre_fc_norm_embedding(embed), pre_fc_norm_hidden(state)])``: what q/k/v read, and the residual."""
+        c, t = self.config, self.t
+        e = _rms(self.embed[tokens], t["pre_fc_norm_embedding"], c.rms_norm_eps)
+        x = _torch().cat([e, _rms(hidden, t["pre_fc_norm_hidden"], c.rms_norm_eps)], dim=-1) @ t["fc"].T
+        return x, x
+
+    def _rope(self, x, positions):
+        return super()._rope(x, positions) if self.rotates else x
+
+    def _block(self, attn, residual):
+        """o_proj and its norm, add, the MLP and its norm, add: the layer's output."""
+        eps, t = self.config.rms_norm_eps, self.t
+        residual = _rms(attn.reshape(*attn.shape[:-2], -1) @ t["o_proj"].T, t["post_attention_layernorm"], eps) + residual
+        return _rms(self._mlp(residual), t["post_feedforward_layernorm"], eps) + residual
+
+
 class HyV3MTPHead(EhProjMTPHead):
     """A Hunyuan 3 (HY V3) target's MTP layer (vLLM's ``hy_v3_mtp.py``), chained as an EAGLE head is.
 
@@ -1420,6 +1471,18 @@ def _layer_tensors(directory: Path, prefix: str) -> dict[str, Any]:
     return named
 
 
+def _scaled_rope(model: dict[str, Any], rope_type: str):
+    """transformers' RoPE frequencies and cos/sin gain of the scaling ``rope_type`` (YaRN, Llama 3's)
+    for the layer config ``model`` — what vLLM's scaled rotary embeddings compute."""
+    from transformers import AutoConfig
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    hf = AutoConfig.for_model(model["model_type"], **{k: v for k, v in model.items()
+                                                       if k not in ("model_type", "architectures", "auto_map")})
+    inv, gain = ROPE_INIT_FUNCTIONS[rope_type](hf)
+    return inv.float(), float(gain)
+
+
 def _rope_pairs(x, positions, inv_freq, gain: float = 1.0):
     """GPT-J-style rotary embedding of ``x`` [..., n, heads, 2·len(inv_freq)] at ``positions`` [..., n]:
     interleaved pairs, vLLM's ``is_neox_style=False``; cos/sin times ``gain``."""
@@ -1442,7 +1505,8 @@ MTP_LAYOUTS = {MTP_ARCHITECTURE: MTPHead, DEEPSEEK_MTP_ARCHITECTURE: DeepSeekMTP
                ERNIE_MTP_ARCHITECTURE: ErnieMTPHead,
                **dict.fromkeys(QWEN3_5_MTP_ARCHITECTURES, Qwen3_5MTPHead),
                **dict.fromkeys(EXAONE_MOE_MTP_ARCHITECTURES, ExaoneMoeMTPHead), HY_V3_MTP_ARCHITECTURE: HyV3MTPHead,
-               MIMO_V2_MTP_ARCHITECTURE: MiMoV2MTPHead, GLM_OCR_MTP_ARCHITECTURE: GlmOcrMTPHead}
+               MIMO_V2_MTP_ARCHITECTURE: MiMoV2MTPHead, GLM_OCR_MTP_ARCHITECTURE: GlmOcrMTPHead,
+               EXAONE4_5_MTP_ARCHITECTURE: Exaone4_5MTPHead}
 
 
 def load_head(directory: Path, target_dir: Path | None = None, method: str | None = None) -> Eagle3Head:

