@@ -288,6 +288,13 @@ KV_BLOCK_TOKENS = 16
 # ``per_layer_config``, or ``global_head_dim`` / ``num_global_key_value_heads`` before it)
 _PER_LAYER_WIDTH_FAMILIES = {"gemma4_text", "gemma4_unified_text"}
 
+# Families whose layers the estimate below does not describe, refused rather than sized wrong: LongCat-Flash's
+# configs count double layers (two latent attentions and two dense MLPs around one mixture of experts
+# with zero-computation experts) in num_layers, the MLPs' width in ffn_hidden_size and the experts per
+# token in moe_topk; read as a plain model, its published sizes came out at 6.5T parameters (published
+# "560B total") and half its KV layers
+_UNDESCRIBED_FAMILIES = {"longcat_flash": "LongCat-Flash's double layers with zero-computation experts"}
+
 
 def _hf_config(cfg: Mapping[str, Any], model_type: str):
     """transformers' reading of ``cfg`` (the defaults it fills in, as vLLM reads them), or None."""
@@ -547,6 +554,10 @@ class ModelShape:
             cfg = text_config(dict(cfg))
         model_type = str(cfg.get("model_type") or "unknown")
         label = name or str(cfg.get("_name_or_path") or model_type)
+        if model_type in _UNDESCRIBED_FAMILIES:
+            raise DraftfitError(f"{_UNDESCRIBED_FAMILIES[model_type]} are not sized by this draftfit version: its "
+                                "parameters, KV cache and step times would be wrong", where=label,
+                                fix="Measure this target with `draftfit verify` on its GPUs")
         hf = None  # transformers' reading of a mamba-2 hybrid's config as the checkpoint spells it
         if model_type in MAMBA2_FAMILIES:
             hf = _hf_config(cfg, model_type)

@@ -197,6 +197,36 @@ def test_kv_bytes_per_token(config, kv_kib, tp, per_gpu_kib):
     assert shape.kv_bytes_per_token(2, tensor_parallel_size=tp) == per_gpu_kib * 1024
 
 
+def test_a_family_whose_layers_are_not_described_is_refused_not_sized(tmp_path, smollm2_meta):
+    """LongCat-Flash's config counts double layers (two latent attentions, two dense MLPs, one mixture of
+    experts with zero-computation experts) in ``num_layers``: read as a plain model its published
+    sizes gave 6.5T parameters against the published 560B, and half its KV layers. It is refused with
+    the fix, and `rank` refuses it before any engine starts."""
+    import shutil
+    import time
+
+    from click.testing import CliRunner
+
+    from draftfit.cli import cli
+
+    longcat = {"architectures": ["LongcatFlashForCausalLM"], "model_type": "longcat_flash", "num_layers": 28,
+               "hidden_size": 6144, "num_attention_heads": 64, "kv_lora_rank": 512, "q_lora_rank": 1536,
+               "qk_rope_head_dim": 64, "qk_nope_head_dim": 128, "v_head_dim": 128, "ffn_hidden_size": 12288,
+               "expert_ffn_hidden_size": 2048, "n_routed_experts": 512, "zero_expert_num": 256, "moe_topk": 12,
+               "vocab_size": 131072}
+    with pytest.raises(DraftfitError) as err:
+        ModelShape.from_config(longcat)
+    assert "not sized" in str(err.value) and "draftfit verify" in err.value.fix
+    target = tmp_path / "longcat"
+    shutil.copytree(smollm2_meta, target)
+    (target / "config.json").write_text(json.dumps(longcat))
+    (tmp_path / "c.yaml").write_text(f"name: ng\ntarget: {target}\ndraft: {{method: ngram}}\nk: [2]\n")
+    start = time.perf_counter()
+    result = CliRunner().invoke(cli, ["rank", str(tmp_path / "c.yaml"), "--reports-dir", str(tmp_path / "reports")])
+    assert result.exit_code == 2 and "are not sized by this draftfit version" in result.output, result.output
+    assert time.perf_counter() - start < 60  # no engine started (an engine start alone takes longer here)
+
+
 def test_a_hybrid_models_linear_attention_layers_keep_no_kv_cache():
     """Qwen3-Next-80B's shape (48 layers, every fourth full attention, 2 KV heads of 256): only its 12
     attention layers cache keys and values — 24 KiB per token in bfloat16, not 96 — and only they
