@@ -293,7 +293,21 @@ _PER_LAYER_WIDTH_FAMILIES = {"gemma4_text", "gemma4_unified_text"}
 # with zero-computation experts) in num_layers, the MLPs' width in ffn_hidden_size and the experts per
 # token in moe_topk; read as a plain model, its published sizes came out at 6.5T parameters (published
 # "560B total") and half its KV layers
-_UNDESCRIBED_FAMILIES = {"longcat_flash": "LongCat-Flash's double layers with zero-computation experts"}
+_UNDESCRIBED_FAMILIES = {
+    "longcat_flash": "LongCat-Flash's double layers with zero-computation experts",
+    # compressed and sparse attention over a 128-token window with an indexer, hyper-connections: the
+    # estimate read transformers' default config as 21B parameters against its model's 284B, and its KV is not the
+    # latent cache of V3's layers
+    "deepseek_v4": "DeepSeek-V4's compressed sparse attention and hyper-connections",
+    "deepseek_v41": "DeepSeek-V4.1's compressed sparse attention and hyper-connections",
+}
+# Families vLLM serves whose layers the estimate misdescribes (a non-gated or differently shaped MLP,
+# interleaved or other mixtures of experts, mixers of their own): their parameters are counted off
+# transformers' model of the config instead. benchmarks/param_estimates.py prints the estimate against
+# that count for every family transformers builds; these were off by 2–78% (Llama 4 −5.6%, Qwen3.5 −2.3%,
+# Apertus +27%), or failed (Gemma 3n's per-layer MLP widths)
+_COUNTED_FAMILIES = {"afmoe", "apertus", "gemma3n", "gemma3n_text", "hrm_text", "hy_v4", "jamba", "lfm2", "llama4",
+                     "llama4_text", "olmo_hybrid", "qwen3_5", "qwen3_5_text", "zamba2"}
 
 
 def _hf_config(cfg: Mapping[str, Any], model_type: str):
@@ -558,10 +572,12 @@ class ModelShape:
             raise DraftfitError(f"{_UNDESCRIBED_FAMILIES[model_type]} are not sized by this draftfit version: its "
                                 "parameters, KV cache and step times would be wrong", where=label,
                                 fix="Measure this target with `draftfit verify` on its GPUs")
-        hf = None  # transformers' reading of a mamba-2 hybrid's config as the checkpoint spells it
+        hf = None  # transformers' reading of the config, where the parameters are counted off its model
         if model_type in MAMBA2_FAMILIES:
             hf = _hf_config(cfg, model_type)
             cfg = _mamba2_config(cfg, hf)
+        elif model_type in _COUNTED_FAMILIES:
+            hf = _hf_config(cfg, model_type)
 
         def need(*keys: str) -> int:
             value = _first(cfg, *keys)
@@ -586,9 +602,10 @@ class ModelShape:
             latent = int(cfg["kv_lora_rank"]) + int(cfg.get("qk_rope_head_dim") or 0)
             # attention reads the latent for scores and values: 2·(kv_lora + rope/2) per head and token
             head_dim = int(cfg["kv_lora_rank"]) + int(cfg.get("qk_rope_head_dim") or 0) // 2
-        intermediate = int(
-            _first(cfg, "intermediate_size", "n_inner", "ffn_dim", default=4 * hidden)
-        )
+        intermediate = _first(cfg, "intermediate_size", "n_inner", "ffn_dim", default=4 * hidden)
+        if isinstance(intermediate, list):  # Gemma 3n's: a width per layer
+            intermediate = round(sum(intermediate) / len(intermediate))
+        intermediate = int(intermediate)
         tied = bool(cfg.get("tie_word_embeddings", model_type in _TIED_BY_DEFAULT))
         n_experts = _first(cfg, "num_local_experts", "num_experts", "n_routed_experts", "moe_num_experts", default=0)
         if isinstance(n_experts, list):  # ERNIE-4.5-VL: [text experts, vision experts]; text tokens route to the first
@@ -620,11 +637,13 @@ class ModelShape:
             sliding=window.get("sliding_layers", 0),
             widths=widths,
         )
-        if hf is not None:  # mixers of their own kinds, and Nemotron-H's MLP-only layers
-            total, active, experts, small = _counted_params(hf, n_experts, per_token) or (total, active, experts, small)
+        counted = _counted_params(hf, n_experts, per_token) if hf is not None else None
+        if counted is not None:
+            total, active, experts, small = counted
         lookup, ple_projections = _per_layer_embeddings(cfg, hidden, layers, vocab)
-        total, active = total + lookup + ple_projections, active + lookup + ple_projections
-        source = "estimated from config.json"
+        if counted is None:  # transformers' model holds them
+            total, active = total + lookup + ple_projections, active + lookup + ple_projections
+        source = "counted off transformers' model of config.json" if counted is not None else "estimated from config.json"
         if params is not None:
             active, experts = active * params / total, experts * params / total
             total = float(params)
@@ -885,6 +904,22 @@ def _counted_params(hf, n_experts: int, per_token: int) -> tuple[float, float, f
     """(total, active, routed experts, norms and routers) counted off transformers' own model of its
     config ``hf`` built on the meta device (no memory, no weights), for families whose layers the
     estimate below does not describe; None where transformers cannot build it."""
+    key = hf.to_json_string()
+    if key not in _PARAMETER_COUNTS:  # a model's count is read again for every candidate and level
+        _PARAMETER_COUNTS[key] = _count_parameters(hf)
+    counts = _PARAMETER_COUNTS[key]
+    if counts is None:
+        return None
+    total, experts, small = counts
+    active = total - experts + (experts * per_token / n_experts if n_experts else 0.0)
+    return total, active, experts, small
+
+
+_PARAMETER_COUNTS: dict[str, tuple[float, float, float] | None] = {}
+
+
+def _count_parameters(hf) -> tuple[float, float, float] | None:
+    """(total, routed experts, norms and routers) of transformers' model of ``hf`` on the meta device."""
     try:
         import torch
         from transformers import AutoModelForCausalLM
@@ -901,8 +936,7 @@ def _counted_params(hf, n_experts: int, per_token: int) -> tuple[float, float, f
             experts += count
         elif param.dim() == 1 or ".router." in name or name.endswith("mixer.gate.weight"):
             small += count
-    active = total - experts + (experts * per_token / n_experts if n_experts else 0.0)
-    return total, active, experts, small
+    return total, experts, small
 
 
 def _estimate_params(

@@ -166,6 +166,24 @@ def test_param_estimate_matches_llama(config, params, rel):
     assert shape.params_source == "estimated from config.json"
 
 
+def test_families_the_estimate_misdescribes_are_counted_off_transformers_model():
+    """Llama 4's interleaved experts and dense MLP widths: the estimate read transformers' default
+    (Scout's sizes) 5.6% low; counted off transformers' model on the meta device it holds 107.8B in its
+    text model and, one of 16 experts per token, 17.2B active (*published* for Scout: "17B active",
+    "109B total" with its vision encoder). Gemma 3n's per-layer MLP widths (a list) no longer fail."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = AutoConfig.for_model("llama4_text")
+    with torch.device("meta"):
+        count = sum(p.numel() for p in AutoModelForCausalLM.from_config(config).parameters())
+    shape = ModelShape.from_config(config.to_dict())
+    assert shape.params_source == "counted off transformers' model of config.json" and shape.params == count
+    assert shape.active_params == pytest.approx(17.2e9, rel=0.01) and shape.num_experts == 16
+    gemma3n = AutoConfig.for_model("gemma3n_text").to_dict()
+    assert isinstance(gemma3n["intermediate_size"], list) and ModelShape.from_config(gemma3n).params > 0
+
+
 def test_param_estimate_smollm2_tied_embeddings(smollm2_meta):
     shape = ModelShape.from_config(json.loads((smollm2_meta / "config.json").read_text()))
     # embed 49152·576 (tied, counted once) + 30 layers · (attention 884,736 + MLP 2,654,208 + norms 1,152)
@@ -289,7 +307,7 @@ def test_a_mamba2_hybrids_parameters_are_counted_off_transformers_own_model(tmp_
         with safe_open(str(target / "model.safetensors"), "pt") as weights:
             stored = sum(int(np.prod(weights.get_slice(name).get_shape())) for name in weights.keys())
         shape = ModelShape.from_config(json.loads((target / "config.json").read_text()))
-        assert (shape.params, shape.params_source) == (stored, "estimated from config.json")
+        assert (shape.params, shape.params_source) == (stored, "counted off transformers' model of config.json")
     moe = ModelShape.from_config({"model_type": "granitemoehybrid", "num_hidden_layers": 2, "hidden_size": 64,
                                   "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 100,
                                   "layers_block_type": ["mamba", "attention"], "mamba_n_heads": 4,
