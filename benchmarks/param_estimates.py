@@ -8,8 +8,8 @@ transformers' default config is read by draftfit (draftfit.hardware.ModelShape.f
 text model is built on the meta device (no memory, no weights) to count its parameters. Both numbers
 are *computed* from the same config: the count is the reference. A family draftfit counts off
 transformers' model (``counted``) matches by construction; one it refuses (``refused``) is not sized.
-Only the text model is compared: draftfit sizes a multimodal target by its text model and leaves its
-vision tower out (which vLLM loads).
+Only the text model is compared: a multimodal checkpoint's encoders are counted apart, off
+transformers' whole model (draftfit.hardware.ModelShape.encoder_params).
 
 Exit status: 0 when every family draftfit estimates lies within 1% of the count and none fails to be
 read, 1 otherwise.

@@ -136,8 +136,8 @@ class GpuStepTime:
         """Weight bytes one GPU reads in a pass over ``batched_tokens`` tokens."""
         n = np.asarray(batched_tokens, float)
         shape = self.shape
-        # the input embedding and the per-layer tables are lookups
-        kept = shape.unquantized_params - shape.embedding_params - shape.lookup_params
+        # the input embedding and the per-layer tables are lookups; a multimodal checkpoint's encoders idle
+        kept = shape.unquantized_params - shape.embedding_params - shape.held_only_params
         experts = shape.expert_params * shape.touched_expert_fraction(n)
         return stored_bytes(shape, self.weight_dtype, self.activation_dtype, self.tensor_parallel_size,
                             shape.streamed_params_for(n), experts, kept, mxfp4=mxfp4_layout(self.gpu.arch), held=False)

@@ -557,6 +557,9 @@ class ModelShape:
     shared_full_layers: int = 0
     shared_sliding_layers: int = 0
     quantization: str = ""  # the checkpoint's quantization where modelled (fp8, awq, gptq, mxfp4); '': none
+    # a multimodal checkpoint's encoders and projectors (vision, audio), which vLLM loads beside the text
+    # model: in the weights and kept unquantized, never read by a text decode step
+    encoder_params: float = 0.0
 
     @classmethod
     def from_config(
@@ -644,10 +647,14 @@ class ModelShape:
         if counted is None:  # transformers' model holds them
             total, active = total + lookup + ple_projections, active + lookup + ple_projections
         source = "counted off transformers' model of config.json" if counted is not None else "estimated from config.json"
+        encoders = 0.0
         if params is not None:
             active, experts = active * params / total, experts * params / total
             total = float(params)
             source = "given"
+        else:
+            encoders = _encoder_params(config)
+            total += encoders
         return cls(
             name=label,
             model_type=model_type,
@@ -676,6 +683,7 @@ class ModelShape:
             recurrent=(recurrent := RecurrentState.from_config(cfg)),
             unmodelled_state=recurrent is None and _names_state(cfg),
             quantization=checkpoint_quantization(config),
+            encoder_params=encoders,
         )
 
     def unmodelled_state_note(self, role: str) -> list[str]:
@@ -704,7 +712,13 @@ class ModelShape:
         """Parameters a quantized checkpoint keeps in the activation dtype in vLLM: the embeddings,
         the LM head, norms and MoE routers."""
         head = 0.0 if self.tied_embeddings else self.lm_head_params
-        return self.embedding_params + head + self.norm_and_router_params + self.lookup_params
+        return self.embedding_params + head + self.norm_and_router_params + self.held_only_params
+
+    @property
+    def held_only_params(self) -> float:
+        """Parameters held in memory that a text decode step never reads whole: per-layer embedding
+        tables (looked up a row at a time) and a multimodal checkpoint's encoders."""
+        return self.lookup_params + self.encoder_params
 
     def touched_expert_fraction(self, tokens: Any) -> np.ndarray:
         """Expected share of a layer's routed experts that ``tokens`` tokens select together, each
@@ -728,7 +742,7 @@ class ModelShape:
         An input-embedding lookup reads only a few rows, so an untied input embedding is left
         out (and per-layer embedding tables); a tied one is read whole by the LM head.
         """
-        return self.params - (0.0 if self.tied_embeddings else self.embedding_params) - self.lookup_params
+        return self.params - (0.0 if self.tied_embeddings else self.embedding_params) - self.held_only_params
 
     @property
     def kv_layers(self) -> int:
@@ -916,6 +930,43 @@ def _counted_params(hf, n_experts: int, per_token: int) -> tuple[float, float, f
 
 
 _PARAMETER_COUNTS: dict[str, tuple[float, float, float] | None] = {}
+
+
+def _encoder_params(config: Mapping[str, Any]) -> float:
+    """A multimodal checkpoint's encoders and projectors: the parameters of transformers' whole model of
+    ``config`` (on the meta device) outside its language model and LM head; 0 for a text model, or
+    where transformers cannot build it."""
+    if not isinstance(config.get("text_config"), dict) or "num_hidden_layers" in config:
+        return 0.0
+    hf = _hf_config(config, str(config.get("model_type")))
+    if hf is None:
+        return 0.0
+    key = "encoders:" + hf.to_json_string()
+    if key not in _ENCODER_COUNTS:
+        _ENCODER_COUNTS[key] = _count_encoders(hf)
+    return _ENCODER_COUNTS[key]
+
+
+_ENCODER_COUNTS: dict[str, float] = {}
+
+
+def _count_encoders(hf) -> float:
+    try:
+        import torch
+        from transformers import AutoModelForImageTextToText
+
+        with torch.device("meta"):
+            model = AutoModelForImageTextToText.from_config(hf)
+    except Exception:  # noqa: BLE001 — a config transformers refuses to build: no encoders counted
+        return 0.0
+    text = encoders = 0.0
+    for name, param in model.named_parameters():
+        if ".language_model." in f".{name}" or name.startswith("lm_head."):
+            text += param.numel()
+        else:
+            encoders += param.numel()
+    # a model whose text part transformers names otherwise: nothing told apart, nothing counted
+    return encoders if text else 0.0
 
 
 def _count_parameters(hf) -> tuple[float, float, float] | None:

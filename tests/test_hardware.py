@@ -184,6 +184,26 @@ def test_families_the_estimate_misdescribes_are_counted_off_transformers_model()
     assert isinstance(gemma3n["intermediate_size"], list) and ModelShape.from_config(gemma3n).params > 0
 
 
+def test_a_multimodal_checkpoints_encoders_are_held_not_read():
+    """vLLM loads a multimodal checkpoint's vision tower and projector beside its text model (unless
+    told --language-model-only, which draftfit's deploy command does not pass): they count in the
+    weights the GPU holds, unquantized, and in no text decode step's reads. Counted off transformers'
+    whole model, outside its language model and LM head."""
+    import torch
+    from transformers import AutoConfig, AutoModelForImageTextToText
+
+    config = AutoConfig.for_model("llava")
+    with torch.device("meta"):
+        model = AutoModelForImageTextToText.from_config(config)
+    towers = sum(p.numel() for n, p in model.named_parameters() if not n.startswith(("model.language_model.", "lm_head.")))
+    whole = ModelShape.from_config(config.to_dict())
+    text = ModelShape.from_config(config.get_text_config().to_dict())
+    assert whole.encoder_params == towers > 0 and text.encoder_params == 0
+    assert whole.params == pytest.approx(text.params + towers) and whole.active_params == text.active_params
+    assert whole.streamed_params == text.streamed_params
+    assert whole.unquantized_params == pytest.approx(text.unquantized_params + towers)
+
+
 def test_param_estimate_smollm2_tied_embeddings(smollm2_meta):
     shape = ModelShape.from_config(json.loads((smollm2_meta / "config.json").read_text()))
     # embed 49152·576 (tied, counted once) + 30 layers · (attention 884,736 + MLP 2,654,208 + norms 1,152)
