@@ -301,6 +301,15 @@ _UNDESCRIBED_FAMILIES = {
     "deepseek_v4": "DeepSeek-V4's compressed sparse attention and hyper-connections",
     "deepseek_v41": "DeepSeek-V4.1's compressed sparse attention and hyper-connections",
 }
+def refuse_unsized(config: Mapping[str, Any], where: str) -> None:
+    """Stop on a model of a family whose layers draftfit does not size (``_UNDESCRIBED_FAMILIES``)."""
+    model_type = str(text_config(dict(config)).get("model_type") or "")
+    if model_type in _UNDESCRIBED_FAMILIES:
+        raise DraftfitError(f"{_UNDESCRIBED_FAMILIES[model_type]} are not sized by this draftfit version: its "
+                            "parameters, KV cache and step times would be wrong", where=where,
+                            fix="Measure this target with `draftfit verify` on its GPUs")
+
+
 # Families vLLM serves whose layers the estimate misdescribes (a non-gated or differently shaped MLP,
 # interleaved or other mixtures of experts, mixers of their own): their parameters are counted off
 # transformers' model of the config instead. benchmarks/param_estimates.py prints the estimate against
@@ -571,10 +580,7 @@ class ModelShape:
             cfg = text_config(dict(cfg))
         model_type = str(cfg.get("model_type") or "unknown")
         label = name or str(cfg.get("_name_or_path") or model_type)
-        if model_type in _UNDESCRIBED_FAMILIES:
-            raise DraftfitError(f"{_UNDESCRIBED_FAMILIES[model_type]} are not sized by this draftfit version: its "
-                                "parameters, KV cache and step times would be wrong", where=label,
-                                fix="Measure this target with `draftfit verify` on its GPUs")
+        refuse_unsized(cfg, label)
         hf = None  # transformers' reading of the config, where the parameters are counted off its model
         if model_type in MAMBA2_FAMILIES:
             hf = _hf_config(cfg, model_type)

@@ -443,11 +443,11 @@ class RankRun:
         target_ref = resolve(targets[0])
         target_meta = metadata_dir(target_ref, trust_remote_code=self.trust_remote_code)
         target_config = json.loads((target_meta / "config.json").read_text())
-        # combinations vLLM refuses, and a target the speed model cannot size, fail here, before any engine starts
-        from draftfit.hardware import ModelShape
+        # combinations vLLM refuses, and a target of a family draftfit cannot size, fail here, before any engine starts
+        from draftfit.hardware import refuse_unsized
         from draftfit.parallelism import engine_parallelism
 
-        ModelShape.from_config(target_config, name=target_ref.name)
+        refuse_unsized(target_config, target_ref.name)
 
         refusal = study.parallelism.target_refusal(target_config, what=target_ref.spec)
         engine_layout, layout_note = engine_parallelism(study.parallelism)
