@@ -301,6 +301,8 @@ _UNDESCRIBED_FAMILIES = {
     "deepseek_v4": "DeepSeek-V4's compressed sparse attention and hyper-connections",
     "deepseek_v41": "DeepSeek-V4.1's compressed sparse attention and hyper-connections",
 }
+
+
 def refuse_unsized(config: Mapping[str, Any], where: str) -> None:
     """Stop on a model of a family whose layers draftfit does not size (``_UNDESCRIBED_FAMILIES``)."""
     model_type = str(text_config(dict(config)).get("model_type") or "")

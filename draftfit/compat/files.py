@@ -22,9 +22,9 @@ CHAT_TEMPLATE_JSON = "chat_template.json"
 
 # files that hold a tokenizer in a format other than tokenizer.json (a "slow" tokenizer)
 _SLOW_TOKENIZER_FILES = ("tokenizer.model", "vocab.json", "merges.txt", "vocab.txt", "spiece.model")
-# nested configs that hold the language model's settings (multimodal and composite models)
 # where a config names its MTP layers (vLLM reads the first; the others name them in other families)
 MTP_LAYER_KEYS = ("num_nextn_predict_layers", "mtp_num_hidden_layers", "num_mtp_layers")
+# nested configs that hold the language model's settings (multimodal and composite models)
 _TEXT_CONFIG_KEYS = ("text_config", "language_config", "llm_config", "decoder", "generator")
 SPECIAL_ROLES = ("bos", "eos", "pad", "unk")
 
