@@ -55,7 +55,9 @@ feed back their normed output (DeepSeek) or the sum before that norm (GLM); GLM-
 Qwen3-Next's (``qwen3_next_mtp.py``, :class:`Qwen3NextMTPHead`) is read as ``mtp.*``: the same reading
 through its own ``fc``, one of the target's full-attention layers (a gated query), its normed output
 fed back; K-EXAONE's and EXAONE-4.5's (:class:`ExaoneMoeMTPHead`, :class:`Exaone4_5MTPHead`) read so
-through EXAONE's layers.
+through EXAONE's layers. Nemotron-H's (``nemotron_h_mtp.py``, :class:`NemotronHMTPHead`) are two of
+the target's blocks, ``mtp.layers.{0,1}.*``: DeepSeek's reading into an attention block without RoPE,
+then a block of ungated experts in a latent width.
 """
 
 from __future__ import annotations
@@ -196,14 +198,26 @@ HY_V3_MTP_ARCHITECTURE = "HYV3ForCausalLM"  # Hunyuan 3 (Hy3): vLLM's hy_v3_mtp
 GLM_OCR_MTP_ARCHITECTURE = "GlmOcrForConditionalGeneration"  # GLM-OCR: vLLM's glm_ocr_mtp
 EXAONE4_5_MTP_ARCHITECTURE = "Exaone4_5_ForConditionalGeneration"  # EXAONE-4.5: vLLM's exaone4_5_mtp
 MIMO_V2_MTP_ARCHITECTURE = "MiMoV2FlashForCausalLM"  # MiMo-V2-Flash: vLLM's mimo_v2_mtp (its first layer)
+NEMOTRON_H_MTP_ARCHITECTURE = "NemotronHForCausalLM"  # Nemotron-H (Nemotron 3): vLLM's nemotron_h_mtp
 # vLLM's qwen3_5_mtp: the multimodal checkpoints Qwen3.5 ships and text-only ones, dense and MoE
 QWEN3_5_MTP_ARCHITECTURES = ("Qwen3_5ForConditionalGeneration", "Qwen3_5MoeForConditionalGeneration",
                              "Qwen3_5ForCausalLM", "Qwen3_5MoeForCausalLM")
 OFFLINE_MTP_LAYOUTS = ("MiMo's (vLLM's mimo_mtp), DeepSeek-V3's (deepseek_mtp), GLM-4.5's (glm4_moe_mtp), "
                        "GLM-4.7-Flash's (glm4_moe_lite_mtp), Qwen3-Next's (qwen3_next_mtp), Qwen3.5's "
                        "(qwen3_5_mtp), ERNIE-4.5's (ernie_mtp), K-EXAONE's (exaone_moe_mtp), Hunyuan 3's (hy_v3_mtp), "
-                       "MiMo-V2-Flash's (mimo_v2_mtp), GLM-OCR's (glm_ocr_mtp) and EXAONE-4.5's (exaone4_5_mtp), and Gemma 4's "
-                       "assistant (gemma4_mtp)")
+                       "MiMo-V2-Flash's (mimo_v2_mtp), GLM-OCR's (glm_ocr_mtp), EXAONE-4.5's (exaone4_5_mtp) and "
+                       "Nemotron-H's (nemotron_h_mtp, blocks \"*E\"), and Gemma 4's assistant (gemma4_mtp)")
+# Nemotron-H's block kinds as its configs name them (transformers' list) → the pattern's symbols (vLLM's)
+_NEMOTRON_H_BLOCKS = {"attention": "*", "full_attention": "*", "moe": "E", "mlp": "-", "mamba": "M", "linear_attention": "M"}
+
+
+def nemotron_h_mtp_pattern(raw: dict[str, Any]) -> str:
+    """The blocks of a Nemotron-H target's MTP layer, as vLLM reads them (``mtp_hybrid_override_pattern``;
+    transformers' ``mtp_layers_block_type`` where a config names that instead; ``*E`` by default)."""
+    pattern = raw.get("mtp_hybrid_override_pattern")
+    if not pattern and raw.get("mtp_layers_block_type"):
+        pattern = "".join(_NEMOTRON_H_BLOCKS.get(block, "?") for block in raw["mtp_layers_block_type"])
+    return str(pattern or "*E")
 
 
 def mtp_layout(raw: dict[str, Any]) -> str | None:
@@ -224,6 +238,12 @@ def mtp_layout(raw: dict[str, Any]) -> str | None:
     if arch == HY_V3_MTP_ARCHITECTURE and raw.get("model_type") == "hy_v3" and not raw.get("use_cla"):
         return arch  # with cross-layer attention vLLM's layer shares another's keys and values
     if arch == MIMO_V2_MTP_ARCHITECTURE and raw.get("swa_num_attention_heads"):  # the keys vLLM's layer reads
+        return arch
+    # "*E" (attention, then experts) is one decoder layer; vLLM builds any other run of blocks, which the
+    # one-layer chain does not hold. With mlp_bias, the latent projection's bias and the routed scale do
+    # not commute, and vLLM and transformers apply them in different orders
+    if (arch == NEMOTRON_H_MTP_ARCHITECTURE and raw.get("model_type") == "nemotron_h"
+            and nemotron_h_mtp_pattern(raw) == "*E" and not raw.get("mlp_bias")):
         return arch
     return None
 
@@ -255,6 +275,14 @@ def _mtp_config(raw: dict[str, Any], directory: Path) -> HeadConfig:
         fields = _layer_fields(raw, directory, rope_types=("default", "llama3"))
         rope = raw.get("rope_parameters") or raw.get("rope_scaling") or {}
         fields["rope_theta"] = float(rope.get("rope_theta") or raw.get("rope_theta") or 1000000.0)
+    elif arch == NEMOTRON_H_MTP_ARCHITECTURE:  # no RoPE (the target's mamba layers place the tokens)
+        h, heads = int(raw["hidden_size"]), int(raw["num_attention_heads"])
+        fields = {"hidden_size": h, "num_heads": heads, "num_kv_heads": int(raw.get("num_key_value_heads") or heads),
+                  # transformers' default width, which vLLM reads through it: 128, not hidden ÷ heads
+                  "head_dim": int(raw.get("head_dim") or raw.get("attention_head_dim") or 128),
+                  "intermediate_size": int(raw.get("moe_intermediate_size") or raw.get("intermediate_size") or 0),
+                  "rms_norm_eps": float(raw.get("layer_norm_epsilon", 1e-5)), "rope_theta": 10000.0,
+                  "vocab_size": int(raw["vocab_size"]), "max_position_embeddings": int(raw.get("max_position_embeddings") or 4096)}
     elif arch == MIMO_V2_MTP_ARCHITECTURE:  # the layer is a sliding-window one, with its own sizes
         fields = _layer_fields(raw, directory) | {
             "num_heads": int(raw["swa_num_attention_heads"]), "num_kv_heads": int(raw["swa_num_key_value_heads"]),
@@ -846,6 +874,7 @@ class EhProjMTPHead(MTPHead):
     PARAMS = ("enorm", "hnorm", "eh_proj", "input_layernorm", "o_proj", "post_attention_layernorm", "final_layernorm")
     FAMILY = ""
     DENSE = False  # vLLM builds the layer with a dense MLP whatever the target's later layers are
+    EXPERT_PARAMS = ("gate", "experts.0.gate_proj")  # what a layer of experts reads
 
     def __init__(self, config: HeadConfig, tensors: dict[str, Any], embed, d2t=None, *, model: dict[str, Any]):
         """``model``: the target's ``config.json`` (the attention's sizes, the experts, the RoPE)."""
@@ -864,7 +893,8 @@ class EhProjMTPHead(MTPHead):
 
     @classmethod
     def _attention_params(cls, raw: dict[str, Any]) -> tuple[str, ...]:
-        raise NotImplementedError
+        """The attention's tensors beyond ``PARAMS`` that the config says the layer has."""
+        return ()
 
     def _partial_rotary(self, model: dict[str, Any], default: float) -> None:
         """Neox RoPE on the first ``partial_rotary_factor`` of each head (GLM's, Qwen3-Next's)."""
@@ -900,7 +930,7 @@ class EhProjMTPHead(MTPHead):
     def _complete(cls, head: EhProjMTPHead, raw: dict[str, Any], directory: Path, tensors: str) -> EhProjMTPHead:
         """``head`` checked for every tensor its layout reads (named ``tensors`` in the checkpoint),
         with the LM head vLLM gives it: the target's (its embedding where the two are tied)."""
-        mlp = ("gate", "experts.0.gate_proj") if head.moe else ("gate_proj", "up_proj", "down_proj")
+        mlp = cls.EXPERT_PARAMS if head.moe else ("gate_proj", "up_proj", "down_proj")
         missing = [p for p in (*cls.PARAMS, *cls._attention_params(raw), *mlp) if p not in head.t]
         if missing:
             raise DraftfitError(f"the checkpoint's MTP layer lacks {', '.join(missing)}", where=str(directory),
@@ -925,9 +955,14 @@ class EhProjMTPHead(MTPHead):
         """The dense MLP, or vLLM's grouped top-k routing over the routed experts plus the shared experts."""
         if not self.moe:
             return _mlp(self.t, "", x)
+        flat = x.reshape(-1, x.shape[-1])
+        ids, weights = self._route(flat)
+        return (self._routed(flat, ids, weights) + self._shared_experts(flat)).view(x.shape)
+
+    def _route(self, flat):
+        """vLLM's grouped top-k routing of the rows ``flat``: the experts' ids and their weights."""
         torch = _torch()
         r, t = self.routing, self.t
-        flat = x.reshape(-1, x.shape[-1])
         logits = flat.float() @ t["gate"].float().T
         scores = logits.sigmoid() if r["scoring"] == "sigmoid" else logits.softmax(-1)
         bias = t.get("gate.e_score_correction_bias")
@@ -940,12 +975,18 @@ class EhProjMTPHead(MTPHead):
         weights = scores.gather(1, ids)
         if r["renormalize"]:
             weights = weights / weights.sum(-1, keepdim=True)
-        weights = weights * r["scale"]
-        out = torch.zeros_like(flat)
+        return ids, weights * r["scale"]
+
+    def _routed(self, flat, ids, weights):
+        """The routed experts' weighted sum over the rows ``flat``."""
+        out = _torch().zeros_like(flat)
         for e in ids.unique().tolist():
             rows, slot = (ids == e).nonzero(as_tuple=True)
-            out = out.index_add(0, rows, _mlp(t, f"experts.{e}.", flat[rows]) * weights[rows, slot, None].to(flat.dtype))
-        return (out + self._shared_experts(flat)).view(x.shape)
+            out = out.index_add(0, rows, self._expert(f"experts.{e}.", flat[rows]) * weights[rows, slot, None].to(flat.dtype))
+        return out
+
+    def _expert(self, prefix: str, x):
+        return _mlp(self.t, prefix, x)
 
 
 class DeepSeekMTPHead(EhProjMTPHead):
@@ -1147,10 +1188,6 @@ class Qwen3NextMTPHead(EhProjMTPHead):
         self._partial_rotary(model, default=self.ROTARY)
 
     @classmethod
-    def _attention_params(cls, raw: dict[str, Any]) -> tuple[str, ...]:
-        return ()
-
-    @classmethod
     def load(cls, directory: Path, target_dir: Path | None = None) -> Qwen3NextMTPHead:
         """The first MTP layer of the checkpoint ``directory`` (``mtp.layers.0.*`` and ``mtp.fc``, its
         norms), with the checkpoint's embeddings and LM head."""
@@ -1222,10 +1259,6 @@ class ErnieMTPHead(EhProjMTPHead):
     FAMILY = "ERNIE-4.5"
     NAMES = {"emb_norm.0": "enorm", "hidden_norm.0": "hnorm", "linear_proj.0": "eh_proj"}  # model.mtp_* → the layout's
     DENSE = True
-
-    @classmethod
-    def _attention_params(cls, raw: dict[str, Any]) -> tuple[str, ...]:
-        return ()
 
     @classmethod
     def load(cls, directory: Path, target_dir: Path | None = None) -> ErnieMTPHead:
@@ -1447,6 +1480,81 @@ class MiMoV2MTPHead(EhProjMTPHead):
         return self._rope(q, positions), self._rope(k, positions), v, residual
 
 
+class NemotronHMTPHead(EhProjMTPHead):
+    """A Nemotron-H (Nemotron 3) target's MTP layer (vLLM's ``nemotron_h_mtp.py``), chained as an EAGLE
+    head is.
+
+    Read from the target as ``mtp.layers.{0,1}.*``: the blocks of ``mtp_hybrid_override_pattern`` "*E",
+    an attention block then a block of experts, each normed (``norm``) before its mixer and added to the
+    residual — one pre-norm decoder layer. Block 0 reads ``eh_proj([enorm(embed(token)), hnorm(state)])``
+    (the embedding not zeroed at position 0; the target's normed last state first). The attention has no
+    RoPE (Nemotron-H's mamba layers place the tokens) and no biases. The experts are routed as
+    DeepSeek's (sigmoid scores, a correction bias for choosing only, in groups, renormalised where
+    ``norm_topk_prob``, times ``routed_scaling_factor``) but ungated, ``down(relu(up(x))²)``, and run in
+    the latent width where the config names ``moe_latent_size`` (``fc1_latent_proj`` in,
+    ``fc2_latent_proj`` out); the shared experts are one ungated MLP over the full width. Block 1's
+    ``final_layernorm`` of the residual sum is both what the target's LM head reads and the next
+    step's state.
+    """
+
+    PARAMS = ("enorm", "hnorm", "eh_proj", "input_layernorm", "q_proj", "k_proj", "v_proj", "o_proj",
+              "post_attention_layernorm", "final_layernorm")
+    EXPERT_PARAMS = ("gate", "gate.e_score_correction_bias", "experts.0.up_proj", "experts.0.down_proj")
+    FAMILY = "Nemotron-H"
+    PREFIX = "mtp.layers."
+    # the blocks' pre-norms as the one layer's: the attention's input norm, the experts' post-attention one
+    NAMES = {"0.norm": "input_layernorm", "1.norm": "post_attention_layernorm"}
+
+    def __init__(self, config: HeadConfig, tensors: dict[str, Any], embed, d2t=None, *, model: dict[str, Any]):
+        super().__init__(config, tensors, embed, d2t, model=model)
+        self.moe = True  # the pattern's "E"
+        self.routing |= {"scoring": "sigmoid"}
+        self.window = self.layer_window(model)
+
+    @staticmethod
+    def layer_window(model: dict[str, Any]) -> int | None:
+        """The attention's sliding window (vLLM's ``sliding_window``; none by default)."""
+        return int(model["sliding_window"]) if model.get("sliding_window") else None
+
+    @staticmethod
+    def shape_config(config: dict[str, Any], layers: int) -> dict[str, Any]:
+        """The target's config as a model of its MTP blocks alone (``layers`` of them in turn), for sizing."""
+        pattern = nemotron_h_mtp_pattern(config) * layers
+        named = ("layers_block_type", "layer_types", "hybrid_override_pattern", "mtp_layers_block_type")
+        return {k: v for k, v in config.items() if k not in named} | {"hybrid_override_pattern": pattern,
+                                                                     "num_hidden_layers": len(pattern)}
+
+    @classmethod
+    def load(cls, directory: Path, target_dir: Path | None = None) -> NemotronHMTPHead:
+        """The MTP blocks of the checkpoint ``directory``, with its embeddings and LM head."""
+        directory = Path(directory)
+        config, raw = read_config(directory, cls.METHOD)
+        named = {}
+        for key, value in _layer_tensors(directory, cls.PREFIX).items():
+            key = cls.NAMES.get(key, key).replace("mixer.", "", 1)
+            named[key.removeprefix("0.").removeprefix("1.")] = value
+        return cls._complete(cls(config, named, target_embeddings(directory), model=raw), raw, directory, f"{cls.PREFIX}*")
+
+    def _rope(self, x, positions):
+        return x
+
+    _layer_input = MiMoV2MTPHead._layer_input
+    _qkv = Glm4MoeMTPHead._qkv
+
+    def _routed(self, flat, ids, weights):
+        """The experts in the latent width, where the config names one."""
+        t = self.t
+        if "fc1_latent_proj" not in t:
+            return super()._routed(flat, ids, weights)
+        return super()._routed(flat @ t["fc1_latent_proj"].T, ids, weights) @ t["fc2_latent_proj"].T
+
+    def _expert(self, prefix: str, x):
+        return _relu2_mlp(self.t, prefix, x)
+
+    def _shared_experts(self, flat):
+        return _relu2_mlp(self.t, "shared_experts.", flat) if "shared_experts.up_proj" in self.t else 0
+
+
 class GatedResidual(NamedTuple):
     """A layer's residual with the attention's output gate (Qwen3-Next's), from q/k/v to the block."""
 
@@ -1499,6 +1607,11 @@ def _mlp(t: dict[str, Any], prefix: str, x):
     return (torch.nn.functional.silu(x @ t[f"{prefix}gate_proj"].T) * (x @ t[f"{prefix}up_proj"].T)) @ t[f"{prefix}down_proj"].T
 
 
+def _relu2_mlp(t: dict[str, Any], prefix: str, x):
+    """An ungated MLP of tensors ``{prefix}up_proj`` / ``down_proj``, squared ReLU between (Nemotron-H's)."""
+    return _torch().relu(x @ t[f"{prefix}up_proj"].T).square() @ t[f"{prefix}down_proj"].T
+
+
 HEADS = {cls.METHOD: cls for cls in (Eagle3Head, EagleHead, MTPHead)}
 MTP_LAYOUTS = {MTP_ARCHITECTURE: MTPHead, DEEPSEEK_MTP_ARCHITECTURE: DeepSeekMTPHead, GLM_MTP_ARCHITECTURE: Glm4MoeMTPHead,
                GLM_LITE_MTP_ARCHITECTURE: Glm4MoeLiteMTPHead, QWEN3_NEXT_MTP_ARCHITECTURE: Qwen3NextMTPHead,
@@ -1506,7 +1619,7 @@ MTP_LAYOUTS = {MTP_ARCHITECTURE: MTPHead, DEEPSEEK_MTP_ARCHITECTURE: DeepSeekMTP
                **dict.fromkeys(QWEN3_5_MTP_ARCHITECTURES, Qwen3_5MTPHead),
                **dict.fromkeys(EXAONE_MOE_MTP_ARCHITECTURES, ExaoneMoeMTPHead), HY_V3_MTP_ARCHITECTURE: HyV3MTPHead,
                MIMO_V2_MTP_ARCHITECTURE: MiMoV2MTPHead, GLM_OCR_MTP_ARCHITECTURE: GlmOcrMTPHead,
-               EXAONE4_5_MTP_ARCHITECTURE: Exaone4_5MTPHead}
+               EXAONE4_5_MTP_ARCHITECTURE: Exaone4_5MTPHead, NEMOTRON_H_MTP_ARCHITECTURE: NemotronHMTPHead}
 
 
 def load_head(directory: Path, target_dir: Path | None = None, method: str | None = None) -> Eagle3Head:
@@ -1528,7 +1641,7 @@ def load_head(directory: Path, target_dir: Path | None = None, method: str | Non
 def target_embeddings(target_dir: Path):
     """The target's input embeddings (what vLLM shares with a head that has none)."""
     return _target_tensor(target_dir, ("model.embed_tokens.weight", "embed_tokens.weight",
-                                       "model.language_model.embed_tokens.weight"))
+                                       "model.language_model.embed_tokens.weight", "backbone.embeddings.weight"))
 
 
 def target_lm_head(target_dir: Path):

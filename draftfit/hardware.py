@@ -689,7 +689,7 @@ class ModelShape:
             **window,
             **widths,
             recurrent=(recurrent := RecurrentState.from_config(cfg)),
-            unmodelled_state=recurrent is None and _names_state(cfg),
+            unmodelled_state=recurrent is None and _names_state(cfg) and not _mamba2_without_mixers(cfg, model_type),
             quantization=checkpoint_quantization(config),
             encoder_params=encoders,
         )
@@ -908,6 +908,13 @@ _STATE_KEYS = {"conv_L_cache", "attn_layer_period", "attn_layer_indices", "layer
 def _names_state(cfg: Mapping[str, Any]) -> bool:
     """Whether ``cfg`` names layers that keep a state instead of a KV cache."""
     return any(key in _STATE_KEYS or key.startswith(_STATE_KEY_PREFIXES) for key in cfg)
+
+
+def _mamba2_without_mixers(cfg: Mapping[str, Any], model_type: str) -> bool:
+    """Whether ``cfg`` is a mamba-2 hybrid's whose layers, as transformers reads them, hold no mixer
+    (Nemotron-H's MTP blocks, sized alone): it names its kinds the hybrid's way, but keeps no state."""
+    kinds = cfg.get("layer_types")
+    return model_type in MAMBA2_FAMILIES and bool(kinds) and not any(kind in _STATE_LAYERS for kind in kinds)
 
 
 def _mamba2_config(cfg: Mapping[str, Any], hf) -> Mapping[str, Any]:

