@@ -871,6 +871,30 @@ def test_nemotron_hs_blocks_pass_is_transformers_blocks(nemotron_h_target):
     assert differs(lambda head: head.routing.update(scale=1.0))
 
 
+def test_a_nemotron_h_config_transformers_wrote_reads_as_nvidias(nemotron_h_target, tmp_path):
+    """transformers ≥ 5 saves a Nemotron-H config with its blocks as lists (``layers_block_type``,
+    ``mtp_layers_block_type``) and no ``num_hidden_layers``, which vLLM reads as the list's length: a
+    target re-saved so is sized and its MTP layer run as the one NVIDIA's keys describe."""
+    import shutil
+
+    from draftfit.compat.files import text_config
+    from draftfit.hardware import ModelShape
+
+    resaved = shutil.copytree(nemotron_h_target, tmp_path / "resaved")
+    raw = json.loads((resaved / "config.json").read_text())
+    for key in ("num_hidden_layers", "hybrid_override_pattern", "mtp_hybrid_override_pattern"):
+        del raw[key]
+    raw |= {"layers_block_type": ["mamba", "attention", "moe"], "mtp_layers_block_type": ["attention", "moe"]}
+    (resaved / "config.json").write_text(json.dumps(raw))
+    nvidia = json.loads((nemotron_h_target / "config.json").read_text())
+    assert text_config(raw)["num_hidden_layers"] == 3
+    assert ModelShape.from_config(raw) == ModelShape.from_config(nvidia)
+    seq, states = torch.arange(5, 29), torch.randn(23, tiny_mtp_targets.HIDDEN, generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        assert torch.equal(load_head(resaved, None, "mtp").prefix_pass(seq, states)[0],
+                           load_head(nemotron_h_target, None, "mtp").prefix_pass(seq, states)[0])
+
+
 def test_the_estimated_shapes_count_the_checkpoints_parameters(tiny_target):
     """The target's shape (its experts, shared experts and dense layers as its family names them)
     and its MTP layer's (dense for ERNIE-4.5 and K-EXAONE, as vLLM builds them) count what the

@@ -124,9 +124,19 @@ def text_config(raw: dict[str, Any]) -> dict[str, Any]:
     text model does not (EXAONE-4.5's ``num_nextn_predict_layers``, which vLLM reads there)."""
     text = raw.get("text_config")
     if not isinstance(text, dict) or "num_hidden_layers" in raw:
-        return raw
+        return _with_layer_count(raw)
     carried = {key: raw[key] for key in ("tie_word_embeddings", *MTP_LAYER_KEYS) if key in raw}
-    return carried | text | {"architectures": raw.get("architectures"), "model_type": text.get("model_type", raw.get("model_type"))}
+    return _with_layer_count(carried | text | {"architectures": raw.get("architectures"),
+                                               "model_type": text.get("model_type", raw.get("model_type"))})
+
+
+def _with_layer_count(config: dict[str, Any]) -> dict[str, Any]:
+    """``config`` with its layer count where only its block list gives it: transformers ≥ 5 writes a
+    Nemotron-H config's ``layers_block_type`` and no ``num_hidden_layers`` (its length, as vLLM reads it)."""
+    blocks = config.get("layers_block_type")
+    if "num_hidden_layers" in config or not isinstance(blocks, list):
+        return config
+    return config | {"num_hidden_layers": len(blocks)}
 
 
 def text_config_value(config: dict[str, Any], key: str) -> Any:
