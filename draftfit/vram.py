@@ -383,6 +383,16 @@ def pooled_layers(target: ModelShape, draft: ModelShape | None, kv_dtype_bytes: 
                    sliding_window=target.sliding_window or draft.sliding_window)
 
 
+def kept_whole_note(target: ModelShape, method) -> list[str]:
+    """Why a draft that reads the target's hidden states costs a chunked-local target (Llama 4) more KV
+    than its own layers: the caution every VRAM figure of such a pair needs."""
+    if not (target.chunked_attention and method.reads_target_states):
+        return []
+    return [f"target ({target.model_type}) with {method.name}: vLLM turns its hybrid KV-cache manager off beside a "
+            "draft that reads the target's hidden states, so the chunked-local layers keep the whole context as the "
+            f"others do, not their {target.sliding_window}-token chunk: the KV capacity with the draft counts that"]
+
+
 def in_flight_tokens(max_num_batched_tokens: int, vllm_version: str | None = None, *, async_scheduling: bool = True) -> int:
     """Tokens vLLM counts as in flight when it sizes a sliding-window layer's share of a request:
     a batch of ``max_num_batched_tokens`` per concurrent batch — two under async scheduling (vLLM's
@@ -416,6 +426,7 @@ def vram_report(
     num_speculative_tokens: int = 0,
     layout: KvLayout = KvLayout(),
     mxfp4: Mxfp4Layout | None = None,
+    draft_reads_target_states: bool = False,
 ) -> VramReport:
     """Predict per-GPU memory, KV capacity lost to the draft, and fit / no-fit.
 
@@ -433,7 +444,11 @@ def vram_report(
     state in the activation dtype, one page per layer and sequence and one more per speculative token
     (``num_speculative_tokens``), one more again with prefix caching (:meth:`ModelShape.kv_allocation`);
     what speculation adds is the draft's share. A draft whose layers have the target's page joins the
-    target's layer groups (:func:`pooled_layers`).
+    target's layer groups (:func:`pooled_layers`). A chunked-local attention layer (Llama 4's) keeps its
+    chunk under vLLM's hybrid KV-cache manager; vLLM turns that manager off for it before 0.14 and, in every
+    release, beside a draft that reads the target's hidden states (``draft_reads_target_states``: EAGLE,
+    EAGLE-3, MTP): every target layer then keeps the whole context (:meth:`ModelShape.kept_whole`), which
+    is then speculation's cost too.
     """
     if not 0 < gpu_memory_utilization <= 1:
         raise DraftfitError(
@@ -470,7 +485,12 @@ def vram_report(
     in_flight = in_flight_tokens(max_num_batched_tokens or tokens, vllm_version, async_scheduling=layout.async_scheduling)
 
     state_bytes = dtype_bytes(activation_dtype)
-    pool = pooled_layers(target, draft, kv_bytes, tp, draft_tp)
+    from draftfit.vllm_versions import CHUNKED_LOCAL_KV_KEPT_AS_CHUNKS, parse_version
+
+    if target.chunked_attention and vllm_version is not None and parse_version(vllm_version) < CHUNKED_LOCAL_KV_KEPT_AS_CHUNKS:
+        target = target.kept_whole()
+    speculating = target.kept_whole() if draft_reads_target_states and target.chunked_attention else target
+    pool = pooled_layers(speculating, draft, kv_bytes, tp, draft_tp)
 
     def kv(shape: ModelShape, shape_tp: int, seq_tokens: int, flight: int, k: int) -> tuple[float, float]:
         return shape.kv_allocation(seq_tokens, kv_bytes, shape_tp, in_flight_tokens=flight, block_tokens=layout.block_tokens,
@@ -485,7 +505,7 @@ def vram_report(
         if pool is not None:
             both = kv(pool, tp, seq_tokens, flight, k)
         else:
-            with_k = kv(target, tp, seq_tokens, flight, k)
+            with_k = kv(speculating, tp, seq_tokens, flight, k)
             extra = kv(draft, draft_tp, seq_tokens, flight, k) if draft is not None and not draft.kv_shared else (0.0, 0.0)
             both = (with_k[0] + extra[0], with_k[1] + extra[1])
         return rate, fixed, both[0] - rate, both[1] - fixed

@@ -234,7 +234,7 @@ def predict_what_if(
     from draftfit.costmodel import GpuStepTime, predict_costs
     from draftfit.hardware import ModelShape, load_catalog, parse_hardware
     from draftfit.methods import CANDIDATE_METHODS, get_method
-    from draftfit.vram import KvLayout, dtype_bytes, mxfp4_layout, vram_report
+    from draftfit.vram import KvLayout, dtype_bytes, kept_whole_note, mxfp4_layout, vram_report
 
     hardware = parse_hardware(f"{gpu_count}x {gpu}", catalog=load_catalog(gpu_catalog), tensor_parallel_size=tensor_parallel_size)
     if kv_cache_dtype not in (None, "auto"):
@@ -291,6 +291,7 @@ def predict_what_if(
         else:
             draft_cost = ModelFreeDraftCost(method)
             notes.append(f"{method}: assumed to propose at every step (the AL given is tokens per drafting step)")
+        notes += kept_whole_note(target_shape, spec_method)
         prediction = predict_costs(
             target_step, draft_cost, acceptance.ks, acceptance.al, concurrency=levels,
             context_len=input_len + output_len / 2, prompt_len=float(input_len), output_len=float(output_len),
@@ -330,7 +331,8 @@ def predict_what_if(
                        kv_cache_dtype=kv_dtype, gpu_memory_utilization=gpu_memory_utilization, max_model_len=max_len,
                        concurrency=max(levels), tokens_per_seq=min(max_len, input_len + output_len),
                        reserved_bytes=None, constants=constants,
-                       num_speculative_tokens=max(acceptance.ks) if speculating else 0, layout=layout)
+                       num_speculative_tokens=max(acceptance.ks) if speculating else 0, layout=layout,
+                       draft_reads_target_states=speculating and spec_method.reads_target_states)
     capacity = vram.capacity_tokens_with_draft if speculating else vram.capacity_tokens_baseline
     vram_out = {
         "kind": "predicted",

@@ -378,6 +378,27 @@ def test_sliding_window_layers_keep_only_their_window():
     assert qwen2.sliding_layers == 0 and float(qwen2.attention_flops(10_000)) == 36 * per_token * 10_000  # its window is off
 
 
+def test_llama4s_chunked_local_layers_keep_and_read_their_chunk():
+    """Llama 4's RoPE layers (three in four: 1 in ``no_rope_layers``) attend within chunks of
+    ``attention_chunk_size`` tokens, as vLLM's ChunkedLocalAttention does: each keeps its chunk and the
+    tokens in flight, in whole blocks (a chunk starts at a block's start), and a query reads the tokens
+    since its chunk began. Its NoPE layers keep and read the whole context."""
+    from transformers import Llama4TextConfig
+
+    shape = ModelShape.from_config(Llama4TextConfig().to_dict() | {"model_type": "llama4_text"})  # Scout's sizes
+    assert (shape.kv_layers, shape.sliding_layers, shape.full_kv_layers, shape.sliding_window) == (48, 36, 12, 8192)
+    assert shape.chunked_attention
+    assert shape.window_tokens(100_000) == 8192 and shape.window_tokens(5000) == 5008  # 313 blocks of 16
+    assert shape.window_tokens(100_000, in_flight_tokens=16_384) == 24_576
+    assert list(shape.window_reads([1, 8192, 8193, 20_000])) == [1, 8192, 1, 20_000 - 2 * 8192]
+    per_token = 2 * 40 * (128 + 128)  # scores and weighted values of one layer's 40 heads over one token
+    assert float(shape.attention_flops(20_000)) == per_token * (12 * 20_000 + 36 * 3616)
+    whole = shape.kept_whole()
+    assert (whole.sliding_layers, whole.full_kv_layers, whole.chunked_attention) == (0, 48, False)
+    plain = ModelShape.from_config(Llama4TextConfig().to_dict() | {"model_type": "llama4_text", "attention_chunk_size": None})
+    assert plain.sliding_layers == 0  # without a chunk size vLLM's layers attend to the whole context
+
+
 def test_vllm_pads_the_smaller_kind_of_layers_to_whole_groups():
     """Gemma-3-27B: 52 sliding-window layers and 10 full ones. vLLM groups each kind by 10 layers and
     pads the last sliding group: 60 layers' worth of window per sequence. 18 and 18 pad nothing."""

@@ -10,7 +10,14 @@ import pytest
 
 from draftfit.errors import DraftfitError
 from draftfit.hardware import GIB, Hardware, ModelShape, load_catalog
-from draftfit.vram import dtype_bytes, mxfp4_layout, vram_report, weight_bytes_per_gpu
+from draftfit.methods import get_method
+from draftfit.vram import (
+    dtype_bytes,
+    kept_whole_note,
+    mxfp4_layout,
+    vram_report,
+    weight_bytes_per_gpu,
+)
 
 DATA = Path(__file__).parent / "data"
 LLAMA_8B = ModelShape.from_config(json.loads((DATA / "llama-3.1-8b-config.json").read_text()))
@@ -285,6 +292,46 @@ def test_one_gpt_oss_request_needs_what_vllm_said_it_needs():
     assert 2 * 18 * 131_072 * 2048 / GIB == 9.0  # what the layers would need without their window
 
 
+def test_llama4s_chunked_layers_keep_their_chunk_unless_vllm_turns_its_hybrid_manager_off():
+    """A Llama 4 request at 131,072 tokens is what the installed vLLM's own KV specs size it at: its 36
+    chunked-local layers their 8,192-token chunk and two 8,192-token batches in flight
+    (ChunkedLocalAttentionSpec), its 12 NoPE layers the whole context (FullAttentionSpec). vLLM turns
+    its hybrid KV-cache manager off for chunked-local attention before 0.14 and beside EAGLE, EAGLE-3
+    and MTP in every release: every layer then keeps the whole context, and an EAGLE-3 head costs
+    that too, not its own layer alone."""
+    import types
+
+    import torch
+    from transformers import Llama4TextConfig
+    from vllm.v1.kv_cache_interface import ChunkedLocalAttentionSpec, FullAttentionSpec
+
+    shape = ModelShape.from_config(Llama4TextConfig().to_dict() | {"model_type": "llama4_text"})
+    head = ModelShape.from_config({"model_type": "llama", "hidden_size": 5120, "num_hidden_layers": 1, "num_attention_heads": 40,
+                                   "num_key_value_heads": 8, "head_dim": 128, "vocab_size": 202048, "intermediate_size": 8192})
+    hw = Hardware(H100, count=1, tensor_parallel_size=1)
+    kv = {"block_size": 16, "num_kv_heads": 8, "head_size": 128, "dtype": torch.bfloat16}
+    vllm = types.SimpleNamespace(max_in_flight_tokens=2 * 8192, model_config=types.SimpleNamespace(max_model_len=131_072),
+                                 parallel_config=types.SimpleNamespace(decode_context_parallel_size=1))
+    chunked = ChunkedLocalAttentionSpec(**kv, attention_chunk_size=8192).max_memory_usage_bytes(vllm)
+    full = FullAttentionSpec(**kv).max_memory_usage_bytes(vllm)
+
+    def report(draft=None, version="0.32.0", reads=False):
+        return vram_report(hw, shape, draft, target_dtype=0.5, max_model_len=131_072, reserved_bytes=0.0,
+                           max_num_batched_tokens=8192, vllm_version=version, draft_reads_target_states=reads)
+
+    assert report().kv_target_bytes_per_request == 36 * chunked + 12 * full  # vLLM's own sizing
+    assert report(version="0.13.0").kv_target_bytes_per_request == 48 * full
+    eagle, model = report(head, reads=True), report(head)
+    assert eagle.kv_target_bytes_per_request == 36 * chunked + 12 * full  # the baseline keeps its chunks
+    assert eagle.kv_target_bytes_per_request + eagle.kv_draft_bytes_per_request == 49 * full
+    # a draft model's layer beside the chunks joins the NoPE layers' groups, 13 to a group: the chunked
+    # layers are padded to 39
+    assert model.kv_draft_bytes_per_request == full + 3 * chunked
+    assert eagle.tokens_lost_fraction > 0.6 > model.tokens_lost_fraction
+    assert "8192-token chunk" in " ".join(kept_whole_note(shape, get_method("eagle3")))  # rank and predict say why
+    assert kept_whole_note(shape, get_method("draft_model")) == kept_whole_note(head, get_method("eagle3")) == []
+
+
 def test_decoding_sequences_hold_their_window_not_a_prefill_chunk():
     """Capacity at max_model_len counts a request as vLLM sizes it at start-up (a chunk in flight);
     whether ``concurrency`` sequences fit counts the window a decoding sequence holds."""
@@ -348,7 +395,6 @@ def test_the_installed_vllm_sizes_a_hybrid_request_and_its_speculative_state_as_
     import tiny_mtp_targets
 
     from draftfit.engines.vllm_engine import VLLMEngine
-    from draftfit.methods import get_method
     from draftfit.vram import VLLM_CPU
 
     target = tiny_mtp_targets.build(tmp_path / "qwen3_next", smollm2_model, "qwen3_next")
@@ -432,7 +478,6 @@ def test_the_installed_vllm_sizes_gemma4s_layers_and_its_assistant_as_predicted(
     import tiny_gemma4
 
     from draftfit.engines.vllm_engine import VLLMEngine
-    from draftfit.methods import get_method
     from draftfit.vram import VLLM_CPU
 
     target, assistant = tiny_gemma4.build(tmp_path, smollm2_model, kv_shapes=True)
@@ -500,7 +545,7 @@ def test_rank_sizes_each_candidate_under_the_vllm_its_deploy_command_is_for():
 
     def ranked(version: str | None):
         return candidate_vram(_study(vllm_version=version, max_model_len=8192), hardware, LLAMA_8B, LLAMA_8B,
-                              model_free=False, ks=(2, 4), constants=constants, activation_dtype="bf16",
+                              method=get_method("draft_model"), ks=(2, 4), constants=constants, activation_dtype="bf16",
                               target_dtype="bf16", draft_dtype="bf16")
 
     def direct(version: str):
@@ -526,7 +571,7 @@ def test_rank_sizes_a_model_free_method_where_the_target_keeps_state_per_specula
 
     def ranked(target, utilization=0.9, ks=(4,)):
         return candidate_vram(_study(max_model_len=32768, gpu_memory_utilization=utilization), Hardware(H100), target,
-                              None, model_free=True, ks=ks, constants=constants, activation_dtype="bf16",
+                              None, method=get_method("ngram"), ks=ks, constants=constants, activation_dtype="bf16",
                               target_dtype="bf16", draft_dtype="bf16")
 
     assert ranked(LLAMA_8B) is None

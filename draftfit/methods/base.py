@@ -121,6 +121,9 @@ class DraftMethod:
     # the candidate's `model` is served in the target's place (a checkpoint of the target that carries
     # the proposer, as MTP layers are carried): the deploy command and verify start it instead
     replaces_target: bool = False
+    # the proposer reads the target's hidden states (vLLM's use_eagle): beside chunked-local attention
+    # vLLM then turns its hybrid KV-cache manager off (draftfit.vram.vram_report)
+    reads_target_states: bool = False
 
     # --- candidate files ------------------------------------------------------------------
 

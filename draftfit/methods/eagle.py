@@ -22,6 +22,7 @@ class EagleFamily(HeadMethod):
     """An EAGLE-family head (EAGLE, EAGLE-3): planned, trained, predicted offline and costed alike."""
 
     trainable = True
+    reads_target_states = True
     title = ""  # how progress lines and labels name it
     not_this_head = ""  # why a config is not this method's head
 
