@@ -572,10 +572,14 @@ class Eagle3Head:
         out = _rms(prenorm, self.t["norm"], c.rms_norm_eps)
         return out, (out if c.norm_output else prenorm)
 
+    def _output(self, attn):
+        """The attention's heads joined and through ``o_proj``."""
+        return attn.reshape(*attn.shape[:-2], -1) @ self.t["o_proj"].T
+
     def _block(self, attn, residual):
         """o_proj, add-and-norm, MLP, add: the layer's pre-norm output."""
         c = self.config
-        residual = attn.reshape(*attn.shape[:-2], -1) @ self.t["o_proj"].T + residual
+        residual = self._output(attn) + residual
         return self._mlp(_rms(residual, self.t["post_attention_layernorm"], c.rms_norm_eps)) + residual
 
     def _mlp(self, x):
@@ -1153,7 +1157,7 @@ class GlmOcrMTPHead(Glm4MoeMTPHead):
         """o_proj and its norm, add, the MLP between ``post_attention_layernorm`` and
         ``post_mlp_layernorm``, add: the layer's pre-norm output."""
         eps, t = self.config.rms_norm_eps, self.t
-        residual = _rms(attn.reshape(*attn.shape[:-2], -1) @ t["o_proj"].T, t["post_self_attn_layernorm"], eps) + residual
+        residual = _rms(self._output(attn), t["post_self_attn_layernorm"], eps) + residual
         return _rms(self._mlp(_rms(residual, t["post_attention_layernorm"], eps)), t["post_mlp_layernorm"], eps) + residual
 
 
@@ -1201,13 +1205,16 @@ class Qwen3NextMTPHead(EhProjMTPHead):
                 named[norm] = named[norm] + 1.0
         return cls._complete(cls(config, named, target_embeddings(directory), model=raw), raw, directory, "mtp.*")
 
-    def _layer_input(self, tokens, hidden, positions):
-        """``fc([pre_fc_norm_embedding(embed), pre_fc_norm_hidden(state)])`` (the residual), and its
-        ``input_layernorm``."""
+    def _fc(self, tokens, hidden):
+        """``fc([pre_fc_norm_embedding(embed), pre_fc_norm_hidden(state)])``."""
         c, t = self.config, self.t
         e = _rms(self.embed[tokens], t["pre_fc_norm_embedding"], c.rms_norm_eps)
-        x = _torch().cat([e, _rms(hidden, t["pre_fc_norm_hidden"], c.rms_norm_eps)], dim=-1) @ t["fc"].T
-        return _rms(x, t["input_layernorm"], c.rms_norm_eps), x
+        return _torch().cat([e, _rms(hidden, t["pre_fc_norm_hidden"], c.rms_norm_eps)], dim=-1) @ t["fc"].T
+
+    def _layer_input(self, tokens, hidden, positions):
+        """:meth:`_fc` (the residual), and its ``input_layernorm``."""
+        x = self._fc(tokens, hidden)
+        return _rms(x, self.t["input_layernorm"], self.config.rms_norm_eps), x
 
     def _qkv(self, tokens, hidden, positions):
         """q (its gate split off per head), k, v; the residual carries the gate to :meth:`_block`."""
@@ -1344,10 +1351,8 @@ class Exaone4_5MTPHead(ExaoneMoeMTPHead):
         return int(model["sliding_window"]) if types[0] == "sliding_attention" else None
 
     def _layer_input(self, tokens, hidden, positions):
-        """``fc([pre_fc_norm_embedding(embed), pre_fc_norm_hidden(state)])``: what q/k/v read, and the residual."""
-        c, t = self.config, self.t
-        e = _rms(self.embed[tokens], t["pre_fc_norm_embedding"], c.rms_norm_eps)
-        x = _torch().cat([e, _rms(hidden, t["pre_fc_norm_hidden"], c.rms_norm_eps)], dim=-1) @ t["fc"].T
+        """:meth:`_fc` unnormed (EXAONE 4 has no input norm): what q/k/v read, and the residual."""
+        x = self._fc(tokens, hidden)
         return x, x
 
     def _rope(self, x, positions):
@@ -1356,7 +1361,7 @@ class Exaone4_5MTPHead(ExaoneMoeMTPHead):
     def _block(self, attn, residual):
         """o_proj and its norm, add, the MLP and its norm, add: the layer's output."""
         eps, t = self.config.rms_norm_eps, self.t
-        residual = _rms(attn.reshape(*attn.shape[:-2], -1) @ t["o_proj"].T, t["post_attention_layernorm"], eps) + residual
+        residual = _rms(self._output(attn), t["post_attention_layernorm"], eps) + residual
         return _rms(self._mlp(residual), t["post_feedforward_layernorm"], eps) + residual
 
 
