@@ -59,6 +59,8 @@ def rows():
             yield model_type, None, count, f"fails: {type(err).__name__}: {err}"
             continue
         how = "counted" if shape.params_source.startswith("counted") else "estimated"
+        if shape.zero_experts:  # LongCat-Flash: transformers' stacked gate-up tensor has a row per identity too
+            how += f" as vLLM builds its experts (without gate-up rows for the {shape.zero_experts} zero-computation experts)"
         yield model_type, shape.params, count, how
 
 

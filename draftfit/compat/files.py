@@ -132,7 +132,11 @@ def text_config(raw: dict[str, Any]) -> dict[str, Any]:
 
 def _with_layer_count(config: dict[str, Any]) -> dict[str, Any]:
     """``config`` with its layer count where only its block list gives it: transformers ≥ 5 writes a
-    Nemotron-H config's ``layers_block_type`` and no ``num_hidden_layers`` (its length, as vLLM reads it)."""
+    Nemotron-H config's ``layers_block_type`` and no ``num_hidden_layers`` (its length, as vLLM reads it).
+    A LongCat-Flash config counts double layers in ``num_layers`` (vLLM builds that many, each of two
+    attention sublayers): its ``num_hidden_layers`` is twice that, as transformers derives it."""
+    if config.get("model_type") == "longcat_flash" and "num_layers" in config:
+        return config | {"num_hidden_layers": 2 * int(config["num_layers"])}
     blocks = config.get("layers_block_type")
     if "num_hidden_layers" in config or not isinstance(blocks, list):
         return config
