@@ -70,7 +70,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from draftfit.compat.files import text_config
+from draftfit.compat.files import decoder_layers, text_config
 from draftfit.errors import DraftfitError
 
 WEIGHTS = "model.safetensors"
@@ -199,6 +199,7 @@ GLM_OCR_MTP_ARCHITECTURE = "GlmOcrForConditionalGeneration"  # GLM-OCR: vLLM's g
 EXAONE4_5_MTP_ARCHITECTURE = "Exaone4_5_ForConditionalGeneration"  # EXAONE-4.5: vLLM's exaone4_5_mtp
 MIMO_V2_MTP_ARCHITECTURE = "MiMoV2FlashForCausalLM"  # MiMo-V2-Flash: vLLM's mimo_v2_mtp (its first layer)
 NEMOTRON_H_MTP_ARCHITECTURE = "NemotronHForCausalLM"  # Nemotron-H (Nemotron 3): vLLM's nemotron_h_mtp
+LONGCAT_MTP_ARCHITECTURE = "LongcatFlashForCausalLM"  # LongCat-Flash: vLLM's longcat_flash_mtp
 # vLLM's qwen3_5_mtp: the multimodal checkpoints Qwen3.5 ships and text-only ones, dense and MoE
 QWEN3_5_MTP_ARCHITECTURES = ("Qwen3_5ForConditionalGeneration", "Qwen3_5MoeForConditionalGeneration",
                              "Qwen3_5ForCausalLM", "Qwen3_5MoeForCausalLM")
@@ -206,7 +207,8 @@ OFFLINE_MTP_LAYOUTS = ("MiMo's (vLLM's mimo_mtp), DeepSeek-V3's (deepseek_mtp), 
                        "GLM-4.7-Flash's (glm4_moe_lite_mtp), Qwen3-Next's (qwen3_next_mtp), Qwen3.5's "
                        "(qwen3_5_mtp), ERNIE-4.5's (ernie_mtp), K-EXAONE's (exaone_moe_mtp), Hunyuan 3's (hy_v3_mtp), "
                        "MiMo-V2-Flash's (mimo_v2_mtp), GLM-OCR's (glm_ocr_mtp), EXAONE-4.5's (exaone4_5_mtp) and "
-                       "Nemotron-H's (nemotron_h_mtp, blocks \"*E\"), and Gemma 4's assistant (gemma4_mtp)")
+                       "Nemotron-H's (nemotron_h_mtp, blocks \"*E\"), LongCat-Flash's (longcat_flash_mtp), and Gemma 4's "
+                       "assistant (gemma4_mtp)")
 # Nemotron-H's block kinds as its configs name them (transformers' list) → the pattern's symbols (vLLM's)
 _NEMOTRON_H_BLOCKS = {"attention": "*", "full_attention": "*", "moe": "E", "mlp": "-", "mamba": "M", "linear_attention": "M"}
 
@@ -245,6 +247,9 @@ def mtp_layout(raw: dict[str, Any]) -> str | None:
     if (arch == NEMOTRON_H_MTP_ARCHITECTURE and raw.get("model_type") == "nemotron_h"
             and nemotron_h_mtp_pattern(raw) == "*E" and not raw.get("mlp_bias")):
         return arch
+    # LongCat-Flash-Lite's n-gram embeddings (vLLM tells it apart by ngram_vocab_size_ratio) are not modelled
+    if arch == LONGCAT_MTP_ARCHITECTURE and raw.get("ngram_vocab_size_ratio") is None:
+        return arch
     return None
 
 
@@ -262,7 +267,7 @@ def _mtp_config(raw: dict[str, Any], directory: Path) -> HeadConfig:
                             f"{raw.get('model_type')!r}) are not modelled offline by this draftfit version, which runs "
                             f"{OFFLINE_MTP_LAYOUTS} layouts",
                             where=str(directory), fix="Measure this target's MTP with `draftfit verify`")
-    if arch in (DEEPSEEK_MTP_ARCHITECTURE, GLM_LITE_MTP_ARCHITECTURE):
+    if arch in (DEEPSEEK_MTP_ARCHITECTURE, GLM_LITE_MTP_ARCHITECTURE, LONGCAT_MTP_ARCHITECTURE):
         fields = _deepseek_fields(raw, directory)
     elif arch in (GLM_MTP_ARCHITECTURE, QWEN3_NEXT_MTP_ARCHITECTURE, ERNIE_MTP_ARCHITECTURE, *QWEN3_5_MTP_ARCHITECTURES,
                   *EXAONE_MOE_MTP_ARCHITECTURES, HY_V3_MTP_ARCHITECTURE, GLM_OCR_MTP_ARCHITECTURE):
@@ -309,7 +314,8 @@ def _deepseek_fields(raw: dict[str, Any], directory: Path) -> dict[str, Any]:
     heads = int(raw["num_attention_heads"])
     return {
         "hidden_size": int(raw["hidden_size"]), "num_heads": heads, "num_kv_heads": heads,
-        "head_dim": int(raw["qk_rope_head_dim"]), "intermediate_size": int(raw["intermediate_size"]),
+        "head_dim": int(raw["qk_rope_head_dim"]),
+        "intermediate_size": int(raw.get("intermediate_size") or raw["ffn_hidden_size"]),  # LongCat-Flash's name
         "rms_norm_eps": float(raw.get("rms_norm_eps", 1e-6)),
         "rope_theta": float(rope.get("rope_theta") or raw.get("rope_theta") or 10000.0),
         "vocab_size": int(raw["vocab_size"]), "max_position_embeddings": int(raw.get("max_position_embeddings") or 2048),
@@ -879,6 +885,8 @@ class EhProjMTPHead(MTPHead):
     FAMILY = ""
     DENSE = False  # vLLM builds the layer with a dense MLP whatever the target's later layers are
     EXPERT_PARAMS = ("gate", "experts.0.gate_proj")  # what a layer of experts reads
+    PREFIX = ""  # where the checkpoint holds the layer, for :meth:`_load_prefixed`
+    NAMES: dict[str, str] = {}  # the checkpoint's names under PREFIX → the layout's
 
     def __init__(self, config: HeadConfig, tensors: dict[str, Any], embed, d2t=None, *, model: dict[str, Any]):
         """``model``: the target's ``config.json`` (the attention's sizes, the experts, the RoPE)."""
@@ -941,6 +949,21 @@ class EhProjMTPHead(MTPHead):
                                 fix=f"Use a {cls.FAMILY} checkpoint with its {tensors} tensors")
         head.t["lm_head"] = head.embed if raw.get("tie_word_embeddings") else target_lm_head(directory)
         return head
+
+    @classmethod
+    def _layer_name(cls, key: str) -> str | None:
+        """A tensor's name under ``PREFIX`` as the layout reads it (``NAMES`` renames; None: not read)."""
+        return cls.NAMES.get(key, key)
+
+    @classmethod
+    def _load_prefixed(cls, directory: Path) -> EhProjMTPHead:
+        """The layer of the checkpoint ``directory``: its tensors under ``PREFIX``, named by
+        :meth:`_layer_name`, with the checkpoint's embeddings and LM head."""
+        directory = Path(directory)
+        config, raw = read_config(directory, cls.METHOD)
+        named = {name: value for key, value in _layer_tensors(directory, cls.PREFIX).items()
+                 if (name := cls._layer_name(key)) is not None}
+        return cls._complete(cls(config, named, target_embeddings(directory), model=raw), raw, directory, f"{cls.PREFIX}*")
 
     def save(self, *args, **kwargs) -> None:
         raise DraftfitError(f"a {self.FAMILY} MTP layer is read from its target, not written by this draftfit version",
@@ -1456,14 +1479,12 @@ class MiMoV2MTPHead(EhProjMTPHead):
     def _attention_params(cls, raw: dict[str, Any]) -> tuple[str, ...]:
         return ("sinks",) if raw.get("add_swa_attention_sink_bias") else ()
 
+    NAMES = {"pre_mlp_layernorm": "post_attention_layernorm", "attention_sink_bias": "sinks"}
+
     @classmethod
     def load(cls, directory: Path, target_dir: Path | None = None) -> MiMoV2MTPHead:
         """The first MTP layer of the checkpoint ``directory``, with its embeddings and LM head."""
-        directory = Path(directory)
-        config, raw = read_config(directory, cls.METHOD)
-        names = {"pre_mlp_layernorm": "post_attention_layernorm", "attention_sink_bias": "sinks"}
-        named = {names.get(key, key): value for key, value in _layer_tensors(directory, cls.PREFIX).items()}
-        return cls._complete(cls(config, named, target_embeddings(directory), model=raw), raw, directory, f"{cls.PREFIX}*")
+        return cls._load_prefixed(directory)
 
     def _layer_input(self, tokens, hidden, positions):
         """``eh_proj([enorm(embed), hnorm(state)])`` (the residual, the embedding kept at position
@@ -1530,15 +1551,13 @@ class NemotronHMTPHead(EhProjMTPHead):
                                                                      "num_hidden_layers": len(pattern)}
 
     @classmethod
+    def _layer_name(cls, key: str) -> str:
+        return cls.NAMES.get(key, key).replace("mixer.", "", 1).removeprefix("0.").removeprefix("1.")
+
+    @classmethod
     def load(cls, directory: Path, target_dir: Path | None = None) -> NemotronHMTPHead:
         """The MTP blocks of the checkpoint ``directory``, with its embeddings and LM head."""
-        directory = Path(directory)
-        config, raw = read_config(directory, cls.METHOD)
-        named = {}
-        for key, value in _layer_tensors(directory, cls.PREFIX).items():
-            key = cls.NAMES.get(key, key).replace("mixer.", "", 1)
-            named[key.removeprefix("0.").removeprefix("1.")] = value
-        return cls._complete(cls(config, named, target_embeddings(directory), model=raw), raw, directory, f"{cls.PREFIX}*")
+        return cls._load_prefixed(directory)
 
     def _rope(self, x, positions):
         return x
@@ -1558,6 +1577,52 @@ class NemotronHMTPHead(EhProjMTPHead):
 
     def _shared_experts(self, flat):
         return _relu2_mlp(self.t, "shared_experts.", flat) if "shared_experts.up_proj" in self.t else 0
+
+
+class LongCatMTPHead(DeepSeekMTPHead):
+    """A LongCat-Flash target's MTP layer (vLLM's ``longcat_flash_mtp.py``), chained as an EAGLE head is.
+
+    Read from the target as ``model.mtp.*``: ``eh_proj([enorm(embed(token)), hnorm(state)])`` — the
+    embedding not zeroed at position 0; the target's normed last state first — through DeepSeek-V2's
+    decoder layer, dense (an MLP of ``ffn_hidden_size``, named ``transformer_layer.mlp``): latent
+    attention whose LoRA norms are scaled as vLLM loads them (``q_a_layernorm`` times
+    √(hidden / q_lora_rank) where ``mla_scale_q_lora``, ``kv_a_layernorm`` times √(hidden / kv_lora_rank)
+    where ``mla_scale_kv_lora``). ``model.mtp.norm`` of the residual sum is both what the LM head reads
+    and the next step's state. vLLM shares the target's embedding and LM head (the layer's own
+    ``embed_tokens`` copy is not read).
+    """
+
+    FAMILY = "LongCat-Flash"
+    DENSE = True
+    PREFIX = "model.mtp."
+    NAMES = {"enorm.m": "enorm", "hnorm.m": "hnorm", "norm": "final_layernorm"}  # model.mtp.* → the layout's
+
+    @staticmethod
+    def shape_config(config: dict[str, Any], layers: int) -> dict[str, Any]:
+        """The layer as a dense DeepSeek-V3 model of ``layers`` layers (its MLP ``ffn_hidden_size`` wide), for sizing."""
+        own = ("num_layers", "n_routed_experts", "zero_expert_num", "moe_topk", "expert_ffn_hidden_size", "architectures")
+        return {k: v for k, v in config.items() if k not in own} | {
+            "model_type": "deepseek_v3", "num_hidden_layers": layers, "intermediate_size": int(config["ffn_hidden_size"]),
+            "layer_types": ["full_attention"] * layers}
+
+    def __init__(self, config: HeadConfig, tensors: dict[str, Any], embed, d2t=None, *, model: dict[str, Any]):
+        super().__init__(config, tensors, embed, d2t, model=model)
+        for norm, rank, flag in (("q_a_layernorm", "q_lora_rank", "mla_scale_q_lora"),
+                                 ("kv_a_layernorm", "kv_lora_rank", "mla_scale_kv_lora")):
+            if model.get(flag) and norm in self.t:  # as vLLM's loader scales them
+                self.t[norm] = self.t[norm] * (int(model["hidden_size"]) / int(model[rank])) ** 0.5
+
+    @classmethod
+    def _layer_name(cls, key: str) -> str | None:
+        key = key.removeprefix("layers.0.").removeprefix("transformer_layer.mlp.").removeprefix("self_attn.")
+        return None if key == "embed_tokens" else cls.NAMES.get(key, key)  # vLLM shares the target's embedding
+
+    @classmethod
+    def load(cls, directory: Path, target_dir: Path | None = None) -> LongCatMTPHead:
+        """The MTP layer of the checkpoint ``directory``, with its embeddings and LM head."""
+        return cls._load_prefixed(directory)
+
+    _layer_input = MiMoV2MTPHead._layer_input
 
 
 class GatedResidual(NamedTuple):
@@ -1624,7 +1689,8 @@ MTP_LAYOUTS = {MTP_ARCHITECTURE: MTPHead, DEEPSEEK_MTP_ARCHITECTURE: DeepSeekMTP
                **dict.fromkeys(QWEN3_5_MTP_ARCHITECTURES, Qwen3_5MTPHead),
                **dict.fromkeys(EXAONE_MOE_MTP_ARCHITECTURES, ExaoneMoeMTPHead), HY_V3_MTP_ARCHITECTURE: HyV3MTPHead,
                MIMO_V2_MTP_ARCHITECTURE: MiMoV2MTPHead, GLM_OCR_MTP_ARCHITECTURE: GlmOcrMTPHead,
-               EXAONE4_5_MTP_ARCHITECTURE: Exaone4_5MTPHead, NEMOTRON_H_MTP_ARCHITECTURE: NemotronHMTPHead}
+               EXAONE4_5_MTP_ARCHITECTURE: Exaone4_5MTPHead, NEMOTRON_H_MTP_ARCHITECTURE: NemotronHMTPHead,
+               LONGCAT_MTP_ARCHITECTURE: LongCatMTPHead}
 
 
 def load_head(directory: Path, target_dir: Path | None = None, method: str | None = None) -> Eagle3Head:
@@ -1693,7 +1759,7 @@ class TargetStates:
         self.dtype = dtype or auto_dtype("vllm")
         self.model = _auto_model(target_dir).from_pretrained(str(target_dir), dtype=getattr(torch, self.dtype))
         self.model.eval()
-        n_layers = int(self.model.config.get_text_config().num_hidden_layers)
+        n_layers = decoder_layers(self.model.config.get_text_config().to_dict())
         bad = [i for i in layer_ids if not 0 <= i <= n_layers]  # n_layers: the normed output (EAGLE-1's)
         if bad:
             raise DraftfitError(f"auxiliary layer ids {bad} are outside the target's layers 0..{n_layers - 1} "
@@ -1737,8 +1803,8 @@ def _target_pass(model, target_dir: Path, dtype: str | None):
 
     if isinstance(model, Gemma4Assistant):
         return AssistantTargetStates(target_dir, dtype)
-    layers = text_config(json.loads((Path(target_dir) / "config.json").read_text(encoding="utf-8")))["num_hidden_layers"]
-    return TargetStates(target_dir, model.config.aux_layers(int(layers)), dtype, before_final_norm=model.config.before_final_norm)
+    layers = decoder_layers(json.loads((Path(target_dir) / "config.json").read_text(encoding="utf-8")))
+    return TargetStates(target_dir, model.config.aux_layers(layers), dtype, before_final_norm=model.config.before_final_norm)
 
 
 def head_chains(trajset, head: Path, target_dir: Path, head_fp: str, steps: int, stops: np.ndarray,

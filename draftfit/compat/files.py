@@ -143,6 +143,16 @@ def _with_layer_count(config: dict[str, Any]) -> dict[str, Any]:
     return config | {"num_hidden_layers": len(blocks)}
 
 
+def decoder_layers(config: dict[str, Any]) -> int:
+    """The decoder layers a model runs in turn, as transformers' ``hidden_states`` step through them (one
+    more entry: the embeddings): ``num_hidden_layers`` of its text config; LongCat-Flash's double layers
+    (``num_layers``), each of two attention sublayers."""
+    text = text_config(config)
+    if text.get("model_type") == "longcat_flash" and "num_layers" in text:
+        return int(text["num_layers"])
+    return int(text["num_hidden_layers"])
+
+
 def text_config_value(config: dict[str, Any], key: str) -> Any:
     """``config[key]``, else the same key in the nested language-model config (as engines look it up)."""
     if key in config:

