@@ -1744,6 +1744,39 @@ def _auto_model(target_dir: Path):
     return AutoModelForCausalLM if model_type in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES else AutoModelForImageTextToText
 
 
+def load_target(target_dir: Path, dtype):
+    """transformers' model of the target, in ``dtype``, for inference.
+
+    A LongCat-Flash checkpoint holds gate and up projections for its routed experts only, as vLLM
+    loads it; transformers' model stacks a row for each zero-computation expert too (an identity, never
+    read) and refuses such a checkpoint ("mismatched_keys … gate_up_proj"). It is loaded without them and
+    the routed experts' rows are filled from the checkpoint."""
+    from safetensors import safe_open
+
+    raw = json.loads((Path(target_dir) / "config.json").read_text(encoding="utf-8"))
+    longcat = raw.get("model_type") == "longcat_flash"
+    if not longcat:
+        return _auto_model(target_dir).from_pretrained(str(target_dir), dtype=dtype).eval()
+    model, info = _auto_model(target_dir).from_pretrained(str(target_dir), dtype=dtype, ignore_mismatched_sizes=True,
+                                                          output_loading_info=True)
+    other = sorted(str(key[0] if isinstance(key, tuple) else key) for key in info.get("mismatched_keys") or ()
+                   if "experts.gate_up_proj" not in str(key))
+    if other:
+        raise DraftfitError(f"the checkpoint's {', '.join(other)} are not the sizes its config gives", where=str(target_dir),
+                            fix="Use the checkpoint its config.json belongs to")
+    routed = int(raw["n_routed_experts"])
+    with _torch().no_grad():
+        for f in sorted(Path(target_dir).glob("*.safetensors")):
+            with safe_open(str(f), "pt") as handle:
+                for name in handle.keys():
+                    parts = name.split(".")  # model.layers.{L}.mlp.experts.{E}.gate_proj.weight
+                    if ".mlp.experts." in name and name.endswith(".gate_proj.weight") and int(parts[5]) < routed:
+                        up = _target_tensor(target_dir, (name.replace(".gate_proj.", ".up_proj."),))
+                        rows = _torch().cat([handle.get_tensor(name).float(), up])
+                        model.model.layers[int(parts[2])].mlp.experts.gate_up_proj[int(parts[5])].copy_(rows)
+    return model.eval()
+
+
 class TargetStates:
     """The target's auxiliary hidden states over whole sequences (transformers, one prefill each)."""
 
@@ -1757,8 +1790,7 @@ class TargetStates:
         from draftfit.engines import auto_dtype
 
         self.dtype = dtype or auto_dtype("vllm")
-        self.model = _auto_model(target_dir).from_pretrained(str(target_dir), dtype=getattr(torch, self.dtype))
-        self.model.eval()
+        self.model = load_target(target_dir, getattr(torch, self.dtype))
         n_layers = decoder_layers(self.model.config.get_text_config().to_dict())
         bad = [i for i in layer_ids if not 0 <= i <= n_layers]  # n_layers: the normed output (EAGLE-1's)
         if bad:

@@ -937,6 +937,33 @@ def test_longcat_flashs_layer_pass_is_transformers_modules(longcat_flash_target)
     assert differs(lambda head: setattr(head, "_rope", lambda x, p: EhProjMTPHead._rope(head, x, p)))  # neox halves
 
 
+def test_a_longcat_flash_checkpoint_as_vllm_loads_it_runs_in_transformers(longcat_flash_target, tmp_path):
+    """A LongCat-Flash checkpoint holds gate and up projections for its routed experts only (vLLM fails on
+    more: "KeyError: 'layers.0.mlp.experts.10.gate_proj.weight'"); transformers 5 stacks a row for each
+    identity too and refuses one without them. draftfit's target pass loads it with the routed rows filled:
+    its states equal those of the checkpoint transformers wrote."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    from draftfit.eagle_head import TargetStates
+
+    shipped = shutil.copytree(longcat_flash_target, tmp_path / "shipped")
+    routed = tiny_mtp_targets.EXPERTS
+    weights = load_file(str(shipped / "model.safetensors"))
+    identities = [k for k in weights if ".mlp.experts." in k and int(k.split(".")[5]) >= routed]
+    assert identities  # transformers wrote rows for them
+    save_file({k: v for k, v in weights.items() if k not in identities}, str(shipped / "model.safetensors"),
+              metadata={"format": "pt"})
+    from transformers import AutoModelForCausalLM
+
+    with pytest.raises(RuntimeError, match="ignore_mismatched_sizes"):
+        AutoModelForCausalLM.from_pretrained(str(shipped))
+    seq = list(range(5, 29))
+    written, loaded = TargetStates(longcat_flash_target, (1,), "float32"), TargetStates(shipped, (1,), "float32")
+    assert torch.equal(loaded(seq), written(seq))
+
+
 def test_a_nemotron_h_config_transformers_wrote_reads_as_nvidias(nemotron_h_target, tmp_path):
     """transformers ≥ 5 saves a Nemotron-H config with its blocks as lists (``layers_block_type``,
     ``mtp_layers_block_type``) and no ``num_hidden_layers``, which vLLM reads as the list's length: a
