@@ -62,6 +62,7 @@ then a block of ungated experts in a latent width.
 
 from __future__ import annotations
 
+import contextlib
 import json
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
@@ -1759,21 +1760,23 @@ def load_target(target_dir: Path, dtype):
         return _auto_model(target_dir).from_pretrained(str(target_dir), dtype=dtype).eval()
     model, info = _auto_model(target_dir).from_pretrained(str(target_dir), dtype=dtype, ignore_mismatched_sizes=True,
                                                           output_loading_info=True)
-    other = sorted(str(key[0] if isinstance(key, tuple) else key) for key in info.get("mismatched_keys") or ()
-                   if "experts.gate_up_proj" not in str(key))
+    mismatched = [str(key[0] if isinstance(key, tuple) else key) for key in info.get("mismatched_keys") or ()]
+    other = sorted(key for key in mismatched if "experts.gate_up_proj" not in key)
     if other:
         raise DraftfitError(f"the checkpoint's {', '.join(other)} are not the sizes its config gives", where=str(target_dir),
                             fix="Use the checkpoint its config.json belongs to")
+    if not mismatched:
+        return model.eval()  # the checkpoint held the identities' rows too: loaded whole
     routed = int(raw["n_routed_experts"])
-    with _torch().no_grad():
-        for f in sorted(Path(target_dir).glob("*.safetensors")):
-            with safe_open(str(f), "pt") as handle:
-                for name in handle.keys():
-                    parts = name.split(".")  # model.layers.{L}.mlp.experts.{E}.gate_proj.weight
-                    if ".mlp.experts." in name and name.endswith(".gate_proj.weight") and int(parts[5]) < routed:
-                        up = _target_tensor(target_dir, (name.replace(".gate_proj.", ".up_proj."),))
-                        rows = _torch().cat([handle.get_tensor(name).float(), up])
-                        model.model.layers[int(parts[2])].mlp.experts.gate_up_proj[int(parts[5])].copy_(rows)
+    with contextlib.ExitStack() as stack, _torch().no_grad():
+        handles = [stack.enter_context(safe_open(str(f), "pt")) for f in sorted(Path(target_dir).glob("*.safetensors"))]
+        where = {name: handle for handle in handles for name in handle.keys()}  # each shard opened once
+        for name, handle in where.items():
+            parts = name.split(".")  # model.layers.{L}.mlp.experts.{E}.gate_proj.weight
+            if ".mlp.experts." in name and name.endswith(".gate_proj.weight") and int(parts[5]) < routed:
+                up = name.replace(".gate_proj.", ".up_proj.")
+                rows = _torch().cat([handle.get_tensor(name), where[up].get_tensor(up)])
+                model.model.layers[int(parts[2])].mlp.experts.gate_up_proj[int(parts[5])].copy_(rows)
     return model.eval()
 
 
