@@ -71,7 +71,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from draftfit.compat.files import decoder_layers, text_config
+from draftfit.compat.files import decoder_layers, text_config, uses_ngram_embedding
 from draftfit.errors import DraftfitError
 
 WEIGHTS = "model.safetensors"
@@ -248,8 +248,7 @@ def mtp_layout(raw: dict[str, Any]) -> str | None:
     if (arch == NEMOTRON_H_MTP_ARCHITECTURE and raw.get("model_type") == "nemotron_h"
             and nemotron_h_mtp_pattern(raw) == "*E" and not raw.get("mlp_bias")):
         return arch
-    # LongCat-Flash-Lite's n-gram embeddings (vLLM tells it apart by ngram_vocab_size_ratio) are not modelled
-    if arch == LONGCAT_MTP_ARCHITECTURE and raw.get("ngram_vocab_size_ratio") is None:
+    if arch == LONGCAT_MTP_ARCHITECTURE and not uses_ngram_embedding(raw):  # LongCat-Flash-Lite's: not modelled
         return arch
     return None
 

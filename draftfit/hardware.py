@@ -28,7 +28,7 @@ import numpy as np
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from draftfit.compat.files import text_config
+from draftfit.compat.files import text_config, uses_ngram_embedding
 from draftfit.errors import DraftfitError
 
 GIB = 1024**3
@@ -304,7 +304,7 @@ def refuse_unsized(config: Mapping[str, Any], where: str) -> None:
     """Stop on a model of a family whose layers draftfit does not size (``_UNDESCRIBED_FAMILIES``)."""
     text = text_config(dict(config))
     model_type = str(text.get("model_type") or "")
-    if model_type == "longcat_flash" and text.get("ngram_vocab_size_ratio") is not None:  # as vLLM tells Lite apart
+    if model_type == "longcat_flash" and uses_ngram_embedding(text):
         model_type = "longcat_flash_ngram"
     if model_type in _UNDESCRIBED_FAMILIES:
         raise DraftfitError(f"{_UNDESCRIBED_FAMILIES[model_type]} are not sized by this draftfit version: its "

@@ -130,13 +130,27 @@ def text_config(raw: dict[str, Any]) -> dict[str, Any]:
                                                "model_type": text.get("model_type", raw.get("model_type"))})
 
 
+def double_layers(config: dict[str, Any]) -> int | None:
+    """LongCat-Flash's double layers (``num_layers``: vLLM builds that many, each of two attention
+    sublayers); None for any other model."""
+    if config.get("model_type") == "longcat_flash" and "num_layers" in config:
+        return int(config["num_layers"])
+    return None
+
+
+def uses_ngram_embedding(config: dict[str, Any]) -> bool:
+    """A LongCat-Flash-Lite config (hashed n-gram embedding tables over LongCat-Flash's layers), told
+    apart as vLLM does: by ``ngram_vocab_size_ratio``."""
+    return config.get("ngram_vocab_size_ratio") is not None
+
+
 def _with_layer_count(config: dict[str, Any]) -> dict[str, Any]:
     """``config`` with its layer count where only its block list gives it: transformers ≥ 5 writes a
     Nemotron-H config's ``layers_block_type`` and no ``num_hidden_layers`` (its length, as vLLM reads it).
     A LongCat-Flash config counts double layers in ``num_layers`` (vLLM builds that many, each of two
     attention sublayers): its ``num_hidden_layers`` is twice that, as transformers derives it."""
-    if config.get("model_type") == "longcat_flash" and "num_layers" in config:
-        return config | {"num_hidden_layers": 2 * int(config["num_layers"])}
+    if (double := double_layers(config)) is not None:
+        return config | {"num_hidden_layers": 2 * double}
     blocks = config.get("layers_block_type")
     if "num_hidden_layers" in config or not isinstance(blocks, list):
         return config
@@ -148,9 +162,8 @@ def decoder_layers(config: dict[str, Any]) -> int:
     more entry: the embeddings): ``num_hidden_layers`` of its text config; LongCat-Flash's double layers
     (``num_layers``), each of two attention sublayers."""
     text = text_config(config)
-    if text.get("model_type") == "longcat_flash" and "num_layers" in text:
-        return int(text["num_layers"])
-    return int(text["num_hidden_layers"])
+    double = double_layers(text)
+    return double if double is not None else int(text["num_hidden_layers"])
 
 
 def text_config_value(config: dict[str, Any], key: str) -> Any:
