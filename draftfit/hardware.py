@@ -323,6 +323,9 @@ _COUNTED_FAMILIES = {"afmoe", "apertus", "gemma3n", "gemma3n_text", "hrm_text", 
 # around one mixture of experts with zero-computation experts) in num_layers, which the estimate reads as
 # plain layers (its published sizes came out at 6.5T parameters against the published 560B)
 _COUNTED_ONLY = {"longcat_flash": "LongCat-Flash"}
+# vLLM's FP8 entry for sparse latent attention (FlashMLA's ``fp8_ds_mla``): 512 latent values in FP8,
+# four float32 scales, 64 rotary values in 16 bits
+FP8_DS_MLA_BYTES = 656
 
 
 def _hf_config(cfg: Mapping[str, Any], model_type: str):
@@ -588,6 +591,13 @@ class ModelShape:
     # a multimodal checkpoint's encoders and projectors (vision, audio), which vLLM loads beside the text
     # model: in the weights and kept unquantized, never read by a text decode step
     encoder_params: float = 0.0
+    # DeepSeek sparse attention (DeepSeek-V3.2, GLM-5: ``index_topk``): each latent layer's query reads
+    # the ``index_topk`` tokens its lightning indexer picks; an indexer keeps one ``indexer_dim``-wide
+    # FP8 key per token (and its scale) in a cache of its own, which it scores whole
+    index_topk: int = 0
+    indexer_dim: int = 0
+    indexer_heads: int = 0
+    indexed_layers: int = 0  # the layers with an indexer (others reuse an earlier layer's picks)
 
     @classmethod
     def from_config(
@@ -676,6 +686,9 @@ class ModelShape:
         lookup, ple_projections = _per_layer_embeddings(cfg, hidden, layers, vocab)
         if counted is None:  # transformers' model holds them
             total, active = total + lookup + ple_projections, active + lookup + ple_projections
+        indexer = _indexer(cfg, layers, hidden)
+        if counted is None and indexer:
+            total, active = total + indexer["params"], active + indexer["params"]
         source = "counted off transformers' model of config.json" if counted is not None else "estimated from config.json"
         encoders = 0.0
         if params is not None:
@@ -715,6 +728,7 @@ class ModelShape:
             unmodelled_state=recurrent is None and _names_state(cfg) and not _mamba2_without_mixers(cfg, model_type),
             quantization=checkpoint_quantization(config),
             encoder_params=encoders,
+            **{k: v for k, v in indexer.items() if k != "params"},
         )
 
     def unmodelled_state_note(self, role: str) -> list[str]:
@@ -797,8 +811,12 @@ class ModelShape:
         """KV-cache bytes one layer keeps per token on one GPU: KV heads · (key + value width) · bytes
         (a ``sliding`` layer's own heads and widths where it has them), the heads split by TP and
         replicated where TP exceeds their count (as vLLM); with multi-head latent attention, latent
-        dim · bytes on every GPU (not split by TP)."""
+        dim · bytes on every GPU (not split by TP) — under sparse attention in FP8, vLLM's
+        ``fp8_ds_mla`` entry (the latent in FP8 with its scales, the rotary key in 16 bits). An indexer's
+        cache is apart: :meth:`indexer_bytes_per_token`."""
         if self.kv_latent_dim:
+            if self.index_topk and kv_dtype_bytes <= 1:
+                return float(FP8_DS_MLA_BYTES)
             return float(self.kv_latent_dim * kv_dtype_bytes)
         _, heads, key, value = self._widths(sliding)
         return max(1, heads // tensor_parallel_size) * (key + value) * kv_dtype_bytes
@@ -812,12 +830,26 @@ class ModelShape:
         key = self.sliding_head_dim or self.head_dim
         return self.sliding_heads or self.num_heads, self.sliding_kv_heads, key, self.sliding_v_head_dim or key
 
+    @property
+    def indexer_bytes_per_token(self) -> float:
+        """What the indexers keep per token of context on every GPU (vLLM's ``DeepseekV32IndexerCache``:
+        the key in FP8 and a 4-byte scale per 128 of it, in each layer that has an indexer)."""
+        return float(self.indexed_layers * (self.indexer_dim + self.indexer_dim // 128 * 4))
+
+    def sparse_reads(self, context: Any) -> np.ndarray:
+        """Tokens a full layer's query reads at ``context`` tokens: all of them, or under sparse
+        attention the ``index_topk`` its indexer picks."""
+        ctx = np.asarray(context, float)
+        return np.minimum(ctx, self.index_topk) if self.index_topk else ctx
+
     def kv_read_bytes(self, context: Any, kv_dtype_bytes: float = 2.0, tensor_parallel_size: int = 1) -> np.ndarray:
         """KV bytes one sequence's decode step reads on one GPU at ``context`` tokens: every full
-        layer's whole context, every sliding-window layer's last ``sliding_window`` tokens (the layers
-        that read an earlier layer's KV as well as those that keep it)."""
+        layer's whole context (under sparse attention the tokens its indexer picks, and the indexers'
+        keys of the whole context), every sliding-window layer's last ``sliding_window`` tokens (the
+        layers that read an earlier layer's KV as well as those that keep it)."""
         ctx = np.asarray(context, float)
-        full = (self.full_kv_layers + self.shared_full_layers) * self.kv_layer_bytes(kv_dtype_bytes, tensor_parallel_size) * ctx
+        full = (self.full_kv_layers + self.shared_full_layers) * self.kv_layer_bytes(kv_dtype_bytes, tensor_parallel_size) \
+            * self.sparse_reads(ctx) + self.indexer_bytes_per_token * ctx
         sliding = self.sliding_layers + self.shared_sliding_layers
         if not sliding:
             return full
@@ -836,8 +868,9 @@ class ModelShape:
         self, kv_dtype_bytes: float = 2.0, tensor_parallel_size: int = 1
     ) -> float:
         """KV-cache bytes per token of context on one GPU, over the layers that keep the whole context
-        (a sliding-window layer's KV stops growing at its window: :meth:`window_tokens`)."""
-        return self.full_kv_layers * self.kv_layer_bytes(kv_dtype_bytes, tensor_parallel_size)
+        (a sliding-window layer's KV stops growing at its window: :meth:`window_tokens`), the
+        indexers' cache included."""
+        return self.full_kv_layers * self.kv_layer_bytes(kv_dtype_bytes, tensor_parallel_size) + self.indexer_bytes_per_token
 
     def attention_flops(self, context: Any) -> np.ndarray:
         """FLOPs of one query token's attention over ``context`` tokens of its sequence, summed over the
@@ -846,7 +879,8 @@ class ModelShape:
         its window. Latent attention's widths are in ``head_dim`` (:meth:`from_config`)."""
         ctx = np.asarray(context, float)
         heads, _, key, value = self._widths()
-        full = 2.0 * heads * (key + value) * (self.full_kv_layers + self.shared_full_layers) * ctx
+        full = 2.0 * heads * (key + value) * (self.full_kv_layers + self.shared_full_layers) * self.sparse_reads(ctx)
+        full = full + 2.0 * self.indexer_heads * self.indexer_dim * self.indexed_layers * ctx  # the indexers' scores
         sliding = self.sliding_layers + self.shared_sliding_layers
         if not sliding:
             return full
@@ -895,7 +929,7 @@ class ModelShape:
             block = self._state_block(layer, block_tokens, state_dtype_bytes, tensor_parallel_size, spec_tokens, ssm_dtype_bytes)
             fixed += full * layer * (-(-tokens // block) * block - tokens)  # the context's last block, whole
             fixed += recurrent * block * layer * ((2 + state.checkpoint_pages if prefix_caching else 1) + spec_tokens)
-        return full * layer, fixed
+        return full * layer + self.indexer_bytes_per_token, fixed
 
     def _layer_groups(self) -> tuple[int, tuple[int, int, int]]:
         """vLLM's layer groups: (layers per group, each kind's layers padded to whole groups) for the
@@ -929,6 +963,26 @@ class ModelShape:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+def _indexer(cfg: Mapping[str, Any], layers: int, hidden: int) -> dict[str, int]:
+    """DeepSeek sparse attention's reading of ``cfg`` (``index_topk``, as vLLM tells it apart): the
+    picks, the indexer's key width and heads, the layers that build one (vLLM's IndexCache rule:
+    ``index_topk_pattern`` "S" skips, else every ``index_topk_freq``-th from ``index_skip_topk_offset``)
+    and their parameters (``wq_b`` from the query's low rank, ``wk``, ``weights_proj``, ``k_norm``);
+    {} without."""
+    if cfg.get("index_topk") is None:
+        return {}
+    dim, heads = int(cfg.get("index_head_dim") or 128), int(cfg.get("index_n_heads") or 64)
+    pattern, freq = cfg.get("index_topk_pattern"), max(int(cfg.get("index_topk_freq") or 1), 1)
+    offset = int(cfg.get("index_skip_topk_offset", 2))
+    if pattern is not None:
+        indexed = sum(1 for i in range(layers) if not (i < len(pattern) and pattern[i] == "S"))
+    else:
+        indexed = sum(1 for i in range(layers) if max(i - offset + 1, 0) % freq == 0)
+    per_layer = int(cfg.get("q_lora_rank") or 0) * heads * dim + hidden * (dim + heads) + 2 * dim
+    return {"index_topk": int(cfg["index_topk"]), "indexer_dim": dim, "indexer_heads": heads,
+            "indexed_layers": indexed, "params": indexed * per_layer}
 
 
 def _expert_width(cfg: Mapping[str, Any], intermediate: int) -> int:

@@ -385,6 +385,7 @@ def pooled_layers(target: ModelShape, draft: ModelShape | None, kv_dtype_bytes: 
     if draft.sliding_layers and target.sliding_layers and draft.sliding_window != target.sliding_window:
         return None
     return replace(target, attention_layers=target.kv_layers + draft.kv_layers,
+                   indexed_layers=target.indexed_layers + draft.indexed_layers,
                    sliding_layers=target.sliding_layers + draft.sliding_layers,
                    sliding_window=target.sliding_window or draft.sliding_window)
 

@@ -542,6 +542,47 @@ def test_deepseek_v3_dense_layers_and_shared_experts():
     assert mtp.params == pytest.approx(14e9, rel=0.05)
 
 
+DEEPSEEK_V32 = DEEPSEEK_V3 | {"model_type": "deepseek_v32", "index_topk": 2048, "index_head_dim": 128, "index_n_heads": 64}
+
+
+def test_deepseek_v32s_sparse_attention_is_sized_as_vllm_keeps_and_reads_it():
+    """DeepSeek-V3.2 is DeepSeek-V3 with a lightning indexer in every layer (vLLM tells it apart by
+    ``index_topk``). vLLM keeps the indexer's key per token in a cache of its own
+    (``DeepseekV32IndexerCache``: 128 FP8 values and a 4-byte scale), beside the latent — 11% more KV per
+    token than the latent alone in 16 bits — and under FP8 stores the latent as FlashMLA's ``fp8_ds_mla``
+    entry (656 bytes, not 576). A decode step's query reads the 2,048 tokens its indexer picks, the
+    indexer's keys of the whole context. The indexers' parameters are counted as transformers' model
+    holds them."""
+    import torch
+    from transformers import AutoConfig
+    from transformers.models.deepseek_v32 import DeepseekV32ForCausalLM
+
+    v3, v32 = ModelShape.from_config(DEEPSEEK_V3), ModelShape.from_config(DEEPSEEK_V32)
+    assert (v32.index_topk, v32.indexed_layers, v32.indexer_bytes_per_token) == (2048, 61, 61 * 132)
+    assert v32.kv_bytes_per_token(2) == 61 * (576 * 2 + 132)
+    assert v32.kv_bytes_per_token(2) / v3.kv_bytes_per_token(2) == pytest.approx(1.115, abs=0.001)
+    assert v32.kv_bytes_per_token(1) == 61 * (656 + 132) and v3.kv_bytes_per_token(1) == 61 * 576
+    per_token, fixed = v32.kv_allocation(4096)
+    assert (per_token, fixed) == (v32.kv_bytes_per_token(2), 0.0)
+    # at most index_topk tokens read: the same step as V3's; past it, the latent reads stop growing
+    assert v32.kv_read_bytes(1000) == v3.kv_read_bytes(1000) + 61 * 132 * 1000
+    assert v32.kv_read_bytes(32768) == 61 * (1152 * 2048 + 132 * 32768) < v3.kv_read_bytes(32768) / 5
+    assert v32.attention_flops(32768) < v3.attention_flops(32768) / 5
+    assert v32.params - v3.params == pytest.approx(61 * (1536 * 64 * 128 + 7168 * (128 + 64) + 2 * 128))
+    # the indexers' count is transformers' model's, on a shrunk copy (the meta model of 61 layers takes seconds)
+    small = DEEPSEEK_V32 | {"num_hidden_layers": 5, "n_routed_experts": 16}
+    hf = AutoConfig.for_model("deepseek_v32", **{k: v for k, v in small.items() if k != "model_type"})
+    with torch.device("meta"):
+        counted = sum(p.numel() for p in DeepseekV32ForCausalLM(hf).parameters())
+    assert ModelShape.from_config(small).params == counted
+    # vLLM's MTP layer always has an indexer, and pools its caches with the target's
+    from draftfit.methods import get_method
+
+    skipping = DEEPSEEK_V32 | {"index_topk_freq": 4, "index_skip_topk_offset": 3}
+    assert ModelShape.from_config(skipping).indexed_layers == len([0, 1, *range(2, 61, 4)])  # vLLM's IndexCache rule
+    assert get_method("mtp").draft_shape(skipping, "V3.2 MTP").indexed_layers == 1
+
+
 ERNIE_4_5_21B = {  # transformers' Ernie4_5_MoeConfig defaults, "the ERNIE-4.5-21B-A3B style configuration"
     "architectures": ["Ernie4_5_MoeForCausalLM"], "model_type": "ernie4_5_moe", "hidden_size": 2560,
     "intermediate_size": 12288, "num_hidden_layers": 28, "num_attention_heads": 20, "num_key_value_heads": 4,

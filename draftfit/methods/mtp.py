@@ -179,6 +179,8 @@ class MTP(EagleFamily):
         # window only where the layout's layer has one
         window = getattr(layout, "layer_window", lambda _: None)(config)
         kinds = {"layer_types": ["sliding_attention" if window else "full_attention"] * layers, "sliding_window": window}
+        if "index_topk" in config:  # vLLM builds an indexer in every MTP layer, whatever the target's skip some
+            kinds |= {"index_topk_pattern": None, "index_topk_freq": 1}
         # the MTP layers come after every target layer: experts wherever the target's later layers have them
         shape = super(EagleFamily, self).draft_shape({**config, **kinds, "num_hidden_layers": layers, "first_k_dense_replace": 0}, name)
         return with_extra_params(shape, layers * 2.0 * shape.hidden_size * shape.hidden_size)
