@@ -191,6 +191,9 @@ MTP_ARCHITECTURE = "MiMoForCausalLM"  # the layout a layer trained here is writt
 DEEPSEEK_MTP_ARCHITECTURE = "DeepseekV3ForCausalLM"
 DEEPSEEK_MTP_MODEL_TYPE = "deepseek_v3"  # what vLLM maps to its deepseek_mtp proposer
 DEEPSEEK_V32_MTP_ARCHITECTURE = "DeepseekV32ForCausalLM"  # DeepSeek-V3.2: deepseek_mtp over its sparse layer
+GLM_DSA_MTP_ARCHITECTURE = "GlmMoeDsaForCausalLM"  # GLM-5: vLLM serves it as DeepSeek-V3.2, the same MTP layer
+# DeepSeek sparse attention's targets, by architecture: the model_type vLLM gives its V3.2 MTP proposer
+SPARSE_MTP_MODEL_TYPES = {DEEPSEEK_V32_MTP_ARCHITECTURE: "deepseek_v32", GLM_DSA_MTP_ARCHITECTURE: "glm_moe_dsa"}
 GLM_MTP_ARCHITECTURE = "Glm4MoeForCausalLM"  # GLM-4.5 / 4.6: vLLM's glm4_moe_mtp
 GLM_LITE_MTP_ARCHITECTURE = "Glm4MoeLiteForCausalLM"  # GLM-4.7-Flash: vLLM's glm4_moe_lite_mtp
 QWEN3_NEXT_MTP_ARCHITECTURE = "Qwen3NextForCausalLM"  # vLLM's qwen3_next_mtp
@@ -205,7 +208,7 @@ LONGCAT_MTP_ARCHITECTURE = "LongcatFlashForCausalLM"  # LongCat-Flash: vLLM's lo
 # vLLM's qwen3_5_mtp: the multimodal checkpoints Qwen3.5 ships and text-only ones, dense and MoE
 QWEN3_5_MTP_ARCHITECTURES = ("Qwen3_5ForConditionalGeneration", "Qwen3_5MoeForConditionalGeneration",
                              "Qwen3_5ForCausalLM", "Qwen3_5MoeForCausalLM")
-OFFLINE_MTP_LAYOUTS = ("MiMo's (vLLM's mimo_mtp), DeepSeek-V3's and DeepSeek-V3.2's (deepseek_mtp), GLM-4.5's (glm4_moe_mtp), "
+OFFLINE_MTP_LAYOUTS = ("MiMo's (vLLM's mimo_mtp), DeepSeek-V3's, DeepSeek-V3.2's and GLM-5's (deepseek_mtp), GLM-4.5's (glm4_moe_mtp), "
                        "GLM-4.7-Flash's (glm4_moe_lite_mtp), Qwen3-Next's (qwen3_next_mtp), Qwen3.5's "
                        "(qwen3_5_mtp), ERNIE-4.5's (ernie_mtp), K-EXAONE's (exaone_moe_mtp), Hunyuan 3's (hy_v3_mtp), "
                        "MiMo-V2-Flash's (mimo_v2_mtp), GLM-OCR's (glm_ocr_mtp), EXAONE-4.5's (exaone4_5_mtp) and "
@@ -235,7 +238,7 @@ def mtp_layout(raw: dict[str, Any]) -> str | None:
     if arch == GLM_LITE_MTP_ARCHITECTURE and "index_topk" not in raw:  # with it, V3.2's sparse attention: not checked
         return arch
     # the first chain step's picks reused by the later ones (index_share_for_mtp_iteration): not modelled
-    if (arch == DEEPSEEK_V32_MTP_ARCHITECTURE and raw.get("model_type") == "deepseek_v32" and raw.get("q_lora_rank")
+    if (arch in SPARSE_MTP_MODEL_TYPES and raw.get("model_type") == SPARSE_MTP_MODEL_TYPES[arch] and raw.get("q_lora_rank")
             and not raw.get("index_share_for_mtp_iteration")):  # (its indexer reads the query's low rank)
         return arch
     if arch == ERNIE_MTP_ARCHITECTURE and raw.get("model_type") == "ernie4_5_moe" and not raw.get("use_bias"):
@@ -272,7 +275,7 @@ def _mtp_config(raw: dict[str, Any], directory: Path) -> HeadConfig:
                             f"{raw.get('model_type')!r}) are not modelled offline by this draftfit version, which runs "
                             f"{OFFLINE_MTP_LAYOUTS} layouts",
                             where=str(directory), fix="Measure this target's MTP with `draftfit verify`")
-    if arch in (DEEPSEEK_MTP_ARCHITECTURE, DEEPSEEK_V32_MTP_ARCHITECTURE, GLM_LITE_MTP_ARCHITECTURE, LONGCAT_MTP_ARCHITECTURE):
+    if arch in (DEEPSEEK_MTP_ARCHITECTURE, *SPARSE_MTP_MODEL_TYPES, GLM_LITE_MTP_ARCHITECTURE, LONGCAT_MTP_ARCHITECTURE):
         fields = _deepseek_fields(raw, directory)
     elif arch in (GLM_MTP_ARCHITECTURE, QWEN3_NEXT_MTP_ARCHITECTURE, ERNIE_MTP_ARCHITECTURE, *QWEN3_5_MTP_ARCHITECTURES,
                   *EXAONE_MOE_MTP_ARCHITECTURES, HY_V3_MTP_ARCHITECTURE, GLM_OCR_MTP_ARCHITECTURE):
@@ -1234,6 +1237,14 @@ class DeepSeekV32MTPHead(DeepSeekMTPHead):
         return picked[:, :n], picked[:, n:]
 
 
+class GlmMoeDsaMTPHead(DeepSeekV32MTPHead):
+    """A GLM-5 target's MTP layer (``glm_moe_dsa``): vLLM serves GLM-5 as DeepSeek-V3.2 (its
+    ``deepseek_mtp`` over the same sparse layer), the routing and the indexer's RoPE as the config names
+    them (GLM-5's: sigmoid scores with a correction bias, ``indexer_rope_interleave``)."""
+
+    FAMILY = "GLM-5"
+
+
 class Glm4MoeLiteMTPHead(DeepSeekMTPHead):
     """A GLM-4.7-Flash target's MTP layer (vLLM's ``glm4_moe_lite_mtp.py``): DeepSeek's layer
     (multi-head latent attention, rotated in interleaved pairs) under GLM's routing (sigmoid scores)
@@ -1805,7 +1816,8 @@ def _relu2_mlp(t: dict[str, Any], prefix: str, x):
 
 HEADS = {cls.METHOD: cls for cls in (Eagle3Head, EagleHead, MTPHead)}
 MTP_LAYOUTS = {MTP_ARCHITECTURE: MTPHead, DEEPSEEK_MTP_ARCHITECTURE: DeepSeekMTPHead,
-               DEEPSEEK_V32_MTP_ARCHITECTURE: DeepSeekV32MTPHead, GLM_MTP_ARCHITECTURE: Glm4MoeMTPHead,
+               DEEPSEEK_V32_MTP_ARCHITECTURE: DeepSeekV32MTPHead, GLM_DSA_MTP_ARCHITECTURE: GlmMoeDsaMTPHead,
+               GLM_MTP_ARCHITECTURE: Glm4MoeMTPHead,
                GLM_LITE_MTP_ARCHITECTURE: Glm4MoeLiteMTPHead, QWEN3_NEXT_MTP_ARCHITECTURE: Qwen3NextMTPHead,
                ERNIE_MTP_ARCHITECTURE: ErnieMTPHead,
                **dict.fromkeys(QWEN3_5_MTP_ARCHITECTURES, Qwen3_5MTPHead),

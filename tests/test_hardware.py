@@ -583,6 +583,27 @@ def test_deepseek_v32s_sparse_attention_is_sized_as_vllm_keeps_and_reads_it():
     assert get_method("mtp").draft_shape(skipping, "V3.2 MTP").indexed_layers == 1
 
 
+GLM_5 = {  # the GLM-5 technical report's sizes (arXiv 2602.15763, Table 1) in its config.json's keys
+    "architectures": ["GlmMoeDsaForCausalLM"], "model_type": "glm_moe_dsa", "hidden_size": 6144, "num_hidden_layers": 78,
+    "first_k_dense_replace": 3, "intermediate_size": 12288, "moe_intermediate_size": 2048, "n_routed_experts": 256,
+    "n_shared_experts": 1, "num_experts_per_tok": 8, "num_attention_heads": 64, "num_key_value_heads": 64,
+    "q_lora_rank": 2048, "kv_lora_rank": 512, "qk_nope_head_dim": 192, "qk_rope_head_dim": 64, "v_head_dim": 256,
+    "index_topk": 2048, "index_n_heads": 32, "index_head_dim": 128, "vocab_size": 154880, "tie_word_embeddings": False,
+    "num_nextn_predict_layers": 1, "scoring_func": "sigmoid", "topk_method": "noaux_tc",
+}
+
+
+def test_glm_5_is_sized_as_published():
+    """Published (GLM-5 technical report, arXiv 2602.15763): "744B" total parameters, "40B" activated.
+    *Predicted* from its sizes: 743.9B, and 41.8B read per token (the LM head's 0.95B among them; the
+    report's count is 4.5% under this one). Every one of its 78 layers has an indexer (32 heads of 128)."""
+    shape = ModelShape.from_config(GLM_5)
+    assert shape.params == pytest.approx(744e9, rel=0.001)
+    assert shape.active_params == pytest.approx(40e9, rel=0.05)
+    assert (shape.indexed_layers, shape.indexer_heads, shape.indexer_dim) == (78, 32, 128)
+    assert shape.kv_bytes_per_token(2) == 78 * (576 * 2 + 132)
+
+
 ERNIE_4_5_21B = {  # transformers' Ernie4_5_MoeConfig defaults, "the ERNIE-4.5-21B-A3B style configuration"
     "architectures": ["Ernie4_5_MoeForCausalLM"], "model_type": "ernie4_5_moe", "hidden_size": 2560,
     "intermediate_size": 12288, "num_hidden_layers": 28, "num_attention_heads": 20, "num_key_value_heads": 4,

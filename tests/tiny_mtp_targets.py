@@ -79,6 +79,7 @@ DEEPSEEK_YARN = {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 40.0, "or
                  "beta_fast": 32, "beta_slow": 1, "mscale": 1.0, "mscale_all_dim": 1.0}
 # DeepSeek-V3.2's 2,048 picks, shrunk: the tiny target's layout checks run over longer contexts than this
 INDEX_TOPK = 8
+SPARSE = ("deepseek_v32", "glm_moe_dsa")  # DeepSeek sparse attention's families
 
 
 def _model(family: str):
@@ -161,6 +162,14 @@ def _model(family: str):
             qk_rope_head_dim=64, v_head_dim=64, qk_nope_head_dim=64, n_group=2, topk_group=1,
             index_topk=INDEX_TOPK, index_n_heads=8, index_head_dim=128, max_position_embeddings=163840,
             rope_parameters=DEEPSEEK_YARN))
+    if family == "glm_moe_dsa":  # GLM-5: V3.2's layer, GLM's sizes of it, its indexer rotating interleaved pairs
+        from transformers import GlmMoeDsaConfig, GlmMoeDsaForCausalLM
+
+        return GlmMoeDsaForCausalLM(GlmMoeDsaConfig(
+            **SHARED, num_attention_heads=4, num_key_value_heads=4, kv_lora_rank=512, q_lora_rank=96,
+            qk_rope_head_dim=64, v_head_dim=64, qk_nope_head_dim=64, n_group=1, topk_group=1,
+            index_topk=INDEX_TOPK, index_n_heads=8, index_head_dim=128, max_position_embeddings=4096,
+            rope_parameters={"rope_type": "default", "rope_theta": 10000.0}))
     if family == "deepseek_v3":
         return DeepseekV3ForCausalLM(DeepseekV3Config(
             **SHARED, num_attention_heads=4, num_key_value_heads=4, kv_lora_rank=512, q_lora_rank=96,
@@ -221,15 +230,17 @@ def build(out: Path, tokenizer_dir: Path, family: str = "deepseek_v3", seed: int
             weights[f"{MTP_PREFIX}{norm}.weight"] = 1 + 0.1 * torch.randn(HIDDEN, generator=g)
         weights[f"{MTP_PREFIX}eh_proj.weight"] = torch.randn(HIDDEN, 2 * HIDDEN, generator=g) * 0.02
         weights[f"{MTP_PREFIX}shared_head.head.weight"] = weights["lm_head.weight"].clone()  # as V3 ships them
-        if family == "deepseek_v32":  # the indexer's key norm as a trained one: its bias weighs
+        if family in SPARSE:  # the indexer's key norm as a trained one: its bias weighs
             weights[f"{MTP_PREFIX}self_attn.indexer.k_norm.weight"] = 1 + 0.1 * torch.randn(128, generator=g)
             weights[f"{MTP_PREFIX}self_attn.indexer.k_norm.bias"] = 0.1 * torch.randn(128, generator=g)
         weights[f"{MTP_PREFIX}embed_tokens.weight"] = weights["model.embed_tokens.weight"].clone()
     save_file({k: v.contiguous() for k, v in weights.items()}, str(out / "model.safetensors"), metadata={"format": "pt"})
     raw = json.loads((out / "config.json").read_text())
     raw["mtp_num_hidden_layers" if family == "qwen3_5" else "num_nextn_predict_layers"] = 1
-    if family in ("deepseek_v3", "deepseek_v32"):
-        raw |= {"topk_method": "noaux_tc", "scoring_func": "sigmoid"}  # V3's own keys
+    if family in ("deepseek_v3", *SPARSE):
+        raw |= {"topk_method": "noaux_tc", "scoring_func": "sigmoid"}  # V3's own keys (GLM-5's name them too)
+    if family == "glm_moe_dsa":  # as GLM-5's config names it: vLLM rotates the indexer's neox halves without
+        raw |= {"indexer_rope_interleave": True}
     if family == "mimo_v2_flash":  # the keys vLLM's MiMo-V2 reads, as MiMo-V2-Flash's own config names them
         raw |= {"hybrid_layer_pattern": [1, 0], "moe_layer_freq": [0, 0], "layernorm_epsilon": raw["rms_norm_eps"],
                 "sliding_window_size": WINDOW, "swa_num_attention_heads": 4, "swa_num_key_value_heads": 2,
