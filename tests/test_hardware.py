@@ -562,6 +562,11 @@ def test_deepseek_v32s_sparse_attention_is_sized_as_vllm_keeps_and_reads_it():
     assert v32.kv_bytes_per_token(2) == 61 * (576 * 2 + 132)
     assert v32.kv_bytes_per_token(2) / v3.kv_bytes_per_token(2) == pytest.approx(1.115, abs=0.001)
     assert v32.kv_bytes_per_token(1) == 61 * (656 + 132) and v3.kv_bytes_per_token(1) == 61 * 576
+    # published (sgl-project/sglang PR 11309, DeepSeek-V3.2-Exp on 8x B200, the same FP8 entry and indexer
+    # cache): 1,462,784 tokens "KV size: 54.52 GB" without the indexer's cache, "actually 65.49 GB" with it (GiB;
+    # both 0.01% over these sizes: its pool holds about 130 slots beyond the tokens it reports)
+    assert (v32.kv_bytes_per_token(1) - v32.indexer_bytes_per_token) * 1462784 / 2**30 == pytest.approx(54.52, rel=2e-4)
+    assert v32.kv_bytes_per_token(1) * 1462784 / 2**30 == pytest.approx(65.49, rel=2e-4)
     per_token, fixed = v32.kv_allocation(4096)
     assert (per_token, fixed) == (v32.kv_bytes_per_token(2), 0.0)
     # at most index_topk tokens read: the same step as V3's; past it, the latent reads stop growing
