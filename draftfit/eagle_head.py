@@ -1755,19 +1755,66 @@ class GatedResidual(NamedTuple):
 
 def _layer_tensors(directory: Path, prefix: str) -> dict[str, Any]:
     """The checkpoint's tensors under ``prefix`` as the heads name them (no ``self_attn.`` / ``mlp.``
-    group, no ``.weight``), in float32."""
+    group, no ``.weight``), in float32 — an FP8 weight times its scales (:func:`_read_weight`)."""
     from safetensors import safe_open
 
     named: dict[str, Any] = {}
+    block = _weight_block(directory)
     for f in sorted(Path(directory).glob("*.safetensors")):
         with safe_open(str(f), "pt") as handle:
-            for name in handle.keys():
-                if name.startswith(prefix):
+            keys = set(handle.keys())
+            for name in keys:
+                if name.startswith(prefix) and not name.endswith(FP8_SCALES):
                     key = name.removeprefix(prefix)
                     for group in ("self_attn.", "mlp."):
                         key = key.removeprefix(group)
-                    named[key.removesuffix(".weight")] = handle.get_tensor(name).float()
+                    named[key.removesuffix(".weight")] = _read_weight(handle, name, keys, block, directory)
     return named
+
+
+# an FP8 weight's scales as checkpoints name them: DeepSeek's and Qwen's per block (``quant_method: fp8``,
+# ``weight_block_size``, the inverse scale stored), compressed-tensors' per channel or per tensor
+FP8_SCALES = (".weight_scale_inv", ".weight_scale")
+# 4- and 8-bit integer and FP4 formats (AWQ/GPTQ, compressed-tensors' packed, ModelOpt's NVFP4, MXFP4)
+_UNREAD_QUANTIZED = (".qweight", ".weight_packed", ".weight_scale_2", "_blocks")
+
+
+def _weight_block(directory: Path) -> tuple[int, int] | None:
+    """The block of an FP8 checkpoint's scales (``quantization_config.weight_block_size``), or None."""
+    path = Path(directory) / "config.json"
+    raw = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
+    quant = raw.get("quantization_config") or (raw.get("text_config") or {}).get("quantization_config") or {}
+    block = quant.get("weight_block_size")
+    return (int(block[0]), int(block[1])) if block else None
+
+
+def _read_weight(handle, name: str, keys, block: tuple[int, int] | None, directory: Path):
+    """A checkpoint tensor in float32: an FP8 ``*.weight`` times its scale — per ``block`` of the weight
+    where the scale is a grid, per output channel or whole otherwise, as vLLM dequantizes it. A weight in
+    a format draftfit does not read stops with the fix."""
+    torch = _torch()
+    stem = name.removesuffix(".weight")
+    if name.endswith(_UNREAD_QUANTIZED) or (name.endswith(".weight") and stem + ".weight_scale_2" in keys):
+        raise DraftfitError(f"{name} is quantized in a format this draftfit version does not read offline (it reads "
+                            "float weights and FP8 ones with their scales)", where=str(directory),
+                            fix="Point draftfit at the checkpoint's BF16 or FP8 release")
+    tensor = handle.get_tensor(name)
+    if tensor.dtype not in (torch.float8_e4m3fn, torch.float8_e5m2):
+        if name.endswith(".weight") and not tensor.is_floating_point():
+            raise DraftfitError(f"{name} holds {tensor.dtype} values, a quantized format this draftfit version does not "
+                                "read offline", where=str(directory), fix="Point draftfit at the checkpoint's BF16 or FP8 release")
+        return tensor.float()
+    scale_name = next((stem + suffix for suffix in FP8_SCALES if stem + suffix in keys), None)
+    if scale_name is None:
+        raise DraftfitError(f"{name} is FP8 without a scale beside it ({' or '.join(stem + s for s in FP8_SCALES)})",
+                            where=str(directory), fix="Point draftfit at a complete checkpoint")
+    weight, scale = tensor.float(), handle.get_tensor(scale_name).float()
+    if scale.dim() == 2 and (block is not None or scale.shape[0] != weight.shape[0]):  # one scale per block
+        rows, cols = block or (-(-weight.shape[0] // scale.shape[0]), -(-weight.shape[1] // scale.shape[1]))
+        scale = scale.repeat_interleave(rows, 0)[: weight.shape[0]].repeat_interleave(cols, 1)[:, : weight.shape[1]]
+    elif scale.dim() == 1 and scale.numel() == weight.shape[0] > 1:  # one per output channel
+        scale = scale[:, None]
+    return weight * scale
 
 
 def _scaled_rope(model: dict[str, Any], rope_type: str):
@@ -1859,11 +1906,13 @@ def target_lm_head(target_dir: Path):
 def _target_tensor(target_dir: Path, names: Sequence[str]):
     from safetensors import safe_open
 
+    block = _weight_block(target_dir)
     for f in sorted(Path(target_dir).glob("*.safetensors")):
         with safe_open(str(f), "pt") as handle:
+            keys = set(handle.keys())
             for name in names:
-                if name in handle.keys():
-                    return handle.get_tensor(name).float()
+                if name in keys:
+                    return _read_weight(handle, name, keys, block, target_dir)
     raise DraftfitError(f"the target has none of {', '.join(names)}", where=str(target_dir),
                         fix="Point the target at a transformers checkpoint with safetensors weights")
 

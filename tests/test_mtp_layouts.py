@@ -1055,6 +1055,67 @@ def test_a_sparse_attention_layer_is_transformers_decoder_layer(family, request)
     assert DeepSeekMTPHead in type(head).__mro__
 
 
+def _fp8_blocks(weight, block: int = 128):
+    """``weight`` as DeepSeek's FP8 checkpoints hold it: E4M3 values and an inverse scale per 128 x 128
+    block (the block's largest magnitude over E4M3's 448)."""
+    rows, cols = -(-weight.shape[0] // block), -(-weight.shape[1] // block)
+    scale = torch.zeros(rows, cols)
+    for i in range(rows):
+        for j in range(cols):
+            part = weight[i * block : (i + 1) * block, j * block : (j + 1) * block]
+            scale[i, j] = part.abs().max().clamp(min=1e-12) / 448.0
+    grid = scale.repeat_interleave(block, 0)[: weight.shape[0]].repeat_interleave(block, 1)[:, : weight.shape[1]]
+    return (weight / grid).to(torch.float8_e4m3fn), scale, grid
+
+
+def test_an_fp8_checkpoints_layer_is_read_with_its_block_scales(deepseek_v32_target, tmp_path):
+    """DeepSeek-V3, V3.2, GLM-5 and others ship FP8 checkpoints: each linear weight in E4M3 with an inverse
+    scale per 128 x 128 block (``weight_scale_inv``, ``quantization_config.weight_block_size``). The layer
+    is read as vLLM dequantizes it — values times their block's scale; read without the scales, its pass
+    would be another layer's. Read from the FP8 copy, the pass equals the pass of a float copy holding
+    those dequantized weights (shapes not multiples of 128 included: 576-wide, 96-wide), and a 4-bit
+    checkpoint stops with the fix."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    from draftfit.errors import DraftfitError
+
+    weights = load_file(str(deepseek_v32_target / "model.safetensors"))
+    fp8, dequantized = {}, {}
+    for name, value in weights.items():
+        # every linear weight of the layer, as DeepSeek's are (its router, embedding and LM head stay 16-bit)
+        if (name.startswith(tiny_mtp_targets.MTP_PREFIX) and value.dim() == 2
+                and not name.endswith(("embed_tokens.weight", "shared_head.head.weight", "mlp.gate.weight"))):
+            values, scale, grid = _fp8_blocks(value)
+            fp8 |= {name: values, name.removesuffix(".weight") + ".weight_scale_inv": scale}
+            dequantized[name] = values.float() * grid
+    assert {"kv_a_proj_with_mqa", "q_a_proj", "eh_proj"} <= {n.removeprefix(tiny_mtp_targets.MTP_PREFIX).split(".")[-2] for n in fp8}
+    raw = json.loads((deepseek_v32_target / "config.json").read_text())
+    copies = {}
+    for kind, replaced, config in (("fp8", fp8, raw | {"quantization_config": {
+            "quant_method": "fp8", "fmt": "e4m3", "weight_block_size": [128, 128], "activation_scheme": "dynamic"}}),
+                                   ("float", dequantized, raw)):
+        copies[kind] = shutil.copytree(deepseek_v32_target, tmp_path / kind, ignore=shutil.ignore_patterns("model.safetensors"))
+        save_file({k: v.contiguous() for k, v in (weights | replaced).items()}, str(copies[kind] / "model.safetensors"))
+        (copies[kind] / "config.json").write_text(json.dumps(config))
+    g = torch.Generator().manual_seed(5)
+    seq, states = torch.randint(0, 49152, (24,), generator=g), torch.randn(22, tiny_mtp_targets.HIDDEN, generator=g)
+    with torch.no_grad():
+        read, expected = (load_head(copies[kind], None, "mtp") for kind in ("fp8", "float"))
+        assert torch.equal(read.t["q_a_proj"], expected.t["q_a_proj"])
+        assert torch.allclose(read.prefix_pass(seq, states)[0], expected.prefix_pass(seq, states)[0], atol=1e-5)
+        # the scales weigh: E4M3 values alone are another layer
+        unscaled = fp8[f"{tiny_mtp_targets.MTP_PREFIX}self_attn.q_a_proj.weight"].float()
+        assert not torch.allclose(unscaled, read.t["q_a_proj"], atol=1e-2)
+    packed = {k.replace("q_a_proj.weight", "q_a_proj.weight_packed") if "q_a_proj.weight" in k else k: v
+              for k, v in (weights | fp8).items() if not k.endswith("q_a_proj.weight_scale_inv")}
+    save_file({k: v.contiguous() for k, v in packed.items()}, str(copies["fp8"] / "model.safetensors"))
+    with pytest.raises(DraftfitError, match="does not read offline") as info:
+        load_head(copies["fp8"], None, "mtp")
+    assert "BF16 or FP8 release" in info.value.fix
+
+
 def test_a_longcat_flash_checkpoint_as_vllm_loads_it_runs_in_transformers(longcat_flash_target, tmp_path):
     """A LongCat-Flash checkpoint holds gate and up projections for its routed experts only (vLLM fails on
     more: "KeyError: 'layers.0.mlp.experts.10.gate_proj.weight'"); transformers 5 stacks a row for each
