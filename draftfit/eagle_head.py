@@ -1939,7 +1939,18 @@ def load_target(target_dir: Path, dtype):
     raw = json.loads((Path(target_dir) / "config.json").read_text(encoding="utf-8"))
     longcat = raw.get("model_type") == "longcat_flash"
     if not longcat:
-        return _auto_model(target_dir).from_pretrained(str(target_dir), dtype=dtype).eval()
+        try:
+            return _auto_model(target_dir).from_pretrained(str(target_dir), dtype=dtype).eval()
+        except (RuntimeError, ValueError) as exc:
+            if _weight_block(target_dir) is None or "CONVERSION" not in str(exc):
+                raise
+            # transformers dequantizes an FP8 checkpoint on a CPU only where each weight's sides are whole
+            # multiples of its scales' grid; DeepSeek's latent projection (576 rows in 128-row blocks) is not
+            raise DraftfitError("transformers cannot dequantize this FP8 checkpoint on this machine: without a GPU it "
+                                "dequantizes weights whose sides are whole multiples of weight_block_size only (its report "
+                                "above names the others)", where=str(target_dir),
+                                fix="Run the target pass where transformers runs FP8 (a GPU), or point the target at the "
+                                    "checkpoint's BF16 release") from exc
     model, info = _auto_model(target_dir).from_pretrained(str(target_dir), dtype=dtype, ignore_mismatched_sizes=True,
                                                           output_loading_info=True)
     mismatched = [str(key[0] if isinstance(key, tuple) else key) for key in info.get("mismatched_keys") or ()]

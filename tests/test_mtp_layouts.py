@@ -1068,6 +1068,33 @@ def _fp8_blocks(weight, block: int = 128):
     return (weight / grid).to(torch.float8_e4m3fn), scale, grid
 
 
+def _fp8_and_float_copies(target, tmp_path, prefix: str):
+    """Two copies of ``target``: its linear weights under ``prefix`` in DeepSeek's FP8 (with the config's
+    quantization_config), and in float32 holding those weights dequantized. (copies, the FP8 tensors, all
+    the target's tensors.)"""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    weights = load_file(str(target / "model.safetensors"))
+    fp8, dequantized = {}, {}
+    for name, value in weights.items():
+        # every linear weight, as DeepSeek's are (its router, embedding and LM head stay 16-bit)
+        if name.startswith(prefix) and value.dim() == 2 and not name.endswith(
+                ("embed_tokens.weight", "shared_head.head.weight", "mlp.gate.weight")):
+            values, scale, grid = _fp8_blocks(value)
+            fp8 |= {name: values, name.removesuffix(".weight") + ".weight_scale_inv": scale}
+            dequantized[name] = values.float() * grid
+    raw = json.loads((target / "config.json").read_text())
+    quant = {"quant_method": "fp8", "fmt": "e4m3", "weight_block_size": [128, 128], "activation_scheme": "dynamic"}
+    copies = {}
+    for kind, replaced, config in (("fp8", fp8, raw | {"quantization_config": quant}), ("float", dequantized, raw)):
+        copies[kind] = shutil.copytree(target, tmp_path / kind, ignore=shutil.ignore_patterns("model.safetensors"))
+        save_file({k: v.contiguous() for k, v in (weights | replaced).items()}, str(copies[kind] / "model.safetensors"))
+        (copies[kind] / "config.json").write_text(json.dumps(config))
+    return copies, fp8, weights
+
+
 def test_an_fp8_checkpoints_layer_is_read_with_its_block_scales(deepseek_v32_target, tmp_path):
     """DeepSeek-V3, V3.2, GLM-5 and others ship FP8 checkpoints: each linear weight in E4M3 with an inverse
     scale per 128 x 128 block (``weight_scale_inv``, ``quantization_config.weight_block_size``). The layer
@@ -1075,30 +1102,12 @@ def test_an_fp8_checkpoints_layer_is_read_with_its_block_scales(deepseek_v32_tar
     would be another layer's. Read from the FP8 copy, the pass equals the pass of a float copy holding
     those dequantized weights (shapes not multiples of 128 included: 576-wide, 96-wide), and a 4-bit
     checkpoint stops with the fix."""
-    import shutil
-
-    from safetensors.torch import load_file, save_file
+    from safetensors.torch import save_file
 
     from draftfit.errors import DraftfitError
 
-    weights = load_file(str(deepseek_v32_target / "model.safetensors"))
-    fp8, dequantized = {}, {}
-    for name, value in weights.items():
-        # every linear weight of the layer, as DeepSeek's are (its router, embedding and LM head stay 16-bit)
-        if (name.startswith(tiny_mtp_targets.MTP_PREFIX) and value.dim() == 2
-                and not name.endswith(("embed_tokens.weight", "shared_head.head.weight", "mlp.gate.weight"))):
-            values, scale, grid = _fp8_blocks(value)
-            fp8 |= {name: values, name.removesuffix(".weight") + ".weight_scale_inv": scale}
-            dequantized[name] = values.float() * grid
+    copies, fp8, weights = _fp8_and_float_copies(deepseek_v32_target, tmp_path, tiny_mtp_targets.MTP_PREFIX)
     assert {"kv_a_proj_with_mqa", "q_a_proj", "eh_proj"} <= {n.removeprefix(tiny_mtp_targets.MTP_PREFIX).split(".")[-2] for n in fp8}
-    raw = json.loads((deepseek_v32_target / "config.json").read_text())
-    copies = {}
-    for kind, replaced, config in (("fp8", fp8, raw | {"quantization_config": {
-            "quant_method": "fp8", "fmt": "e4m3", "weight_block_size": [128, 128], "activation_scheme": "dynamic"}}),
-                                   ("float", dequantized, raw)):
-        copies[kind] = shutil.copytree(deepseek_v32_target, tmp_path / kind, ignore=shutil.ignore_patterns("model.safetensors"))
-        save_file({k: v.contiguous() for k, v in (weights | replaced).items()}, str(copies[kind] / "model.safetensors"))
-        (copies[kind] / "config.json").write_text(json.dumps(config))
     g = torch.Generator().manual_seed(5)
     seq, states = torch.randint(0, 49152, (24,), generator=g), torch.randn(22, tiny_mtp_targets.HIDDEN, generator=g)
     with torch.no_grad():
@@ -1114,6 +1123,25 @@ def test_an_fp8_checkpoints_layer_is_read_with_its_block_scales(deepseek_v32_tar
     with pytest.raises(DraftfitError, match="does not read offline") as info:
         load_head(copies["fp8"], None, "mtp")
     assert "BF16 or FP8 release" in info.value.fix
+
+
+def test_an_fp8_target_transformers_cannot_dequantize_here_stops_with_the_fix(deepseek_v32_target, tmp_path):
+    """The target pass loads an FP8 checkpoint with transformers, which on a CPU dequantizes it — and
+    refuses where a weight's sides are not whole multiples of the 128 x 128 blocks, as DeepSeek's latent
+    projection is (576 rows): "Weight shape (576, 256) not divisible by scale grid (5, 2)". The pass then
+    stops with the fix, not transformers' report; where transformers loads it, its states are those of the
+    float copy holding the dequantized weights."""
+    from draftfit.eagle_head import TargetStates
+    from draftfit.errors import DraftfitError
+
+    copies, _, _ = _fp8_and_float_copies(deepseek_v32_target, tmp_path, "model.layers.")
+    seq = list(range(100, 140))
+    try:
+        states = TargetStates(copies["fp8"], (1,), "float32")(seq)
+    except DraftfitError as exc:
+        assert "whole multiples of weight_block_size" in str(exc) and "BF16 release" in exc.fix
+    else:  # a transformers that dequantizes it
+        assert torch.allclose(states, TargetStates(copies["float"], (1,), "float32")(seq), atol=1e-2)
 
 
 def test_a_longcat_flash_checkpoint_as_vllm_loads_it_runs_in_transformers(longcat_flash_target, tmp_path):
