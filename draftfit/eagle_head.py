@@ -1756,20 +1756,28 @@ class GatedResidual(NamedTuple):
 def _layer_tensors(directory: Path, prefix: str) -> dict[str, Any]:
     """The checkpoint's tensors under ``prefix`` as the heads name them (no ``self_attn.`` / ``mlp.``
     group, no ``.weight``), in float32 — an FP8 weight times its scales (:func:`_read_weight`)."""
-    from safetensors import safe_open
 
     named: dict[str, Any] = {}
     block = _weight_block(directory)
-    for f in sorted(Path(directory).glob("*.safetensors")):
-        with safe_open(str(f), "pt") as handle:
-            keys = set(handle.keys())
-            for name in keys:
-                if name.startswith(prefix) and not name.endswith(FP8_SCALES):
-                    key = name.removeprefix(prefix)
-                    for group in ("self_attn.", "mlp."):
-                        key = key.removeprefix(group)
-                    named[key.removesuffix(".weight")] = _read_weight(handle, name, keys, block, directory)
+    with _checkpoint(directory) as where:
+        for name in where:
+            if name.startswith(prefix) and not name.endswith(FP8_SCALES):
+                key = name.removeprefix(prefix)
+                for group in ("self_attn.", "mlp."):
+                    key = key.removeprefix(group)
+                named[key.removesuffix(".weight")] = _read_weight(where, name, block, directory)
     return named
+
+
+@contextlib.contextmanager
+def _checkpoint(directory: Path):
+    """Every tensor name of the checkpoint ``directory`` → the open shard that holds it (each shard
+    opened once, for as long as the block runs)."""
+    from safetensors import safe_open
+
+    with contextlib.ExitStack() as stack:
+        handles = [stack.enter_context(safe_open(str(f), "pt")) for f in sorted(Path(directory).glob("*.safetensors"))]
+        yield {name: handle for handle in handles for name in handle.keys()}
 
 
 # an FP8 weight's scales as checkpoints name them: DeepSeek's and Qwen's per block (``quant_method: fp8``,
@@ -1788,27 +1796,27 @@ def _weight_block(directory: Path) -> tuple[int, int] | None:
     return (int(block[0]), int(block[1])) if block else None
 
 
-def _read_weight(handle, name: str, keys, block: tuple[int, int] | None, directory: Path):
-    """A checkpoint tensor in float32: an FP8 ``*.weight`` times its scale — per ``block`` of the weight
-    where the scale is a grid, per output channel or whole otherwise, as vLLM dequantizes it. A weight in
-    a format draftfit does not read stops with the fix."""
+def _read_weight(where, name: str, block: tuple[int, int] | None, directory: Path):
+    """A checkpoint tensor (``where``: :func:`_checkpoint`'s index) in float32: an FP8 ``*.weight`` times
+    its scale — per ``block`` of the weight where the scale is a grid, per output channel or whole
+    otherwise, as vLLM dequantizes it. A weight in a format draftfit does not read stops with the fix."""
     torch = _torch()
     stem = name.removesuffix(".weight")
-    if name.endswith(_UNREAD_QUANTIZED) or (name.endswith(".weight") and stem + ".weight_scale_2" in keys):
+    if name.endswith(_UNREAD_QUANTIZED) or (name.endswith(".weight") and stem + ".weight_scale_2" in where):
         raise DraftfitError(f"{name} is quantized in a format this draftfit version does not read offline (it reads "
                             "float weights and FP8 ones with their scales)", where=str(directory),
                             fix="Point draftfit at the checkpoint's BF16 or FP8 release")
-    tensor = handle.get_tensor(name)
+    tensor = where[name].get_tensor(name)
     if tensor.dtype not in (torch.float8_e4m3fn, torch.float8_e5m2):
         if name.endswith(".weight") and not tensor.is_floating_point():
             raise DraftfitError(f"{name} holds {tensor.dtype} values, a quantized format this draftfit version does not "
                                 "read offline", where=str(directory), fix="Point draftfit at the checkpoint's BF16 or FP8 release")
         return tensor.float()
-    scale_name = next((stem + suffix for suffix in FP8_SCALES if stem + suffix in keys), None)
+    scale_name = next((stem + suffix for suffix in FP8_SCALES if stem + suffix in where), None)
     if scale_name is None:
         raise DraftfitError(f"{name} is FP8 without a scale beside it ({' or '.join(stem + s for s in FP8_SCALES)})",
                             where=str(directory), fix="Point draftfit at a complete checkpoint")
-    weight, scale = tensor.float(), handle.get_tensor(scale_name).float()
+    weight, scale = tensor.float(), where[scale_name].get_tensor(scale_name).float()
     if scale.dim() == 2 and (block is not None or scale.shape[0] != weight.shape[0]):  # one scale per block
         rows, cols = block or (-(-weight.shape[0] // scale.shape[0]), -(-weight.shape[1] // scale.shape[1]))
         scale = scale.repeat_interleave(rows, 0)[: weight.shape[0]].repeat_interleave(cols, 1)[:, : weight.shape[1]]
@@ -1904,15 +1912,10 @@ def target_lm_head(target_dir: Path):
 
 
 def _target_tensor(target_dir: Path, names: Sequence[str]):
-    from safetensors import safe_open
-
-    block = _weight_block(target_dir)
-    for f in sorted(Path(target_dir).glob("*.safetensors")):
-        with safe_open(str(f), "pt") as handle:
-            keys = set(handle.keys())
-            for name in names:
-                if name in keys:
-                    return _read_weight(handle, name, keys, block, target_dir)
+    with _checkpoint(target_dir) as where:
+        for name in names:
+            if name in where:
+                return _read_weight(where, name, _weight_block(target_dir), target_dir)
     raise DraftfitError(f"the target has none of {', '.join(names)}", where=str(target_dir),
                         fix="Point the target at a transformers checkpoint with safetensors weights")
 
@@ -1934,7 +1937,6 @@ def load_target(target_dir: Path, dtype):
     loads it; transformers' model stacks a row for each zero-computation expert too (an identity, never
     read) and refuses such a checkpoint ("mismatched_keys … gate_up_proj"). It is loaded without them and
     the routed experts' rows are filled from the checkpoint."""
-    from safetensors import safe_open
 
     raw = json.loads((Path(target_dir) / "config.json").read_text(encoding="utf-8"))
     longcat = raw.get("model_type") == "longcat_flash"
@@ -1960,15 +1962,13 @@ def load_target(target_dir: Path, dtype):
                             fix="Use the checkpoint its config.json belongs to")
     if not mismatched:
         return model.eval()  # the checkpoint held the identities' rows too: loaded whole
-    routed = int(raw["n_routed_experts"])
-    with contextlib.ExitStack() as stack, _torch().no_grad():
-        handles = [stack.enter_context(safe_open(str(f), "pt")) for f in sorted(Path(target_dir).glob("*.safetensors"))]
-        where = {name: handle for handle in handles for name in handle.keys()}  # each shard opened once
-        for name, handle in where.items():
+    routed, block = int(raw["n_routed_experts"]), _weight_block(target_dir)
+    with _checkpoint(target_dir) as where, _torch().no_grad():
+        for name in where:
             parts = name.split(".")  # model.layers.{L}.mlp.experts.{E}.gate_proj.weight
             if ".mlp.experts." in name and name.endswith(".gate_proj.weight") and int(parts[5]) < routed:
                 up = name.replace(".gate_proj.", ".up_proj.")
-                rows = _torch().cat([handle.get_tensor(name), where[up].get_tensor(up)])
+                rows = _torch().cat([_read_weight(where, n, block, target_dir) for n in (name, up)])
                 model.model.layers[int(parts[2])].mlp.experts.gate_up_proj[int(parts[5])].copy_(rows)
     return model.eval()
 
