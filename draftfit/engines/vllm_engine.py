@@ -127,9 +127,9 @@ def place_engine_core(in_process: bool) -> None:
     ("'_lib_fn_wrapper' object has no attribute 'get'"). Other engines start here after numba was
     imported all the same: the scan is let past llvmlite (:func:`_give_llvmlite_a_namespace`); a
     process where it would fail anyway starts its engines in their own processes
-    (:func:`_kernel_rebinding_would_fail`). vLLM caches its
-    environment once an engine has started; the cache is cleared so that the setting counts. The
-    async engine of `verify` always runs its core in its own process.
+    (:func:`_kernel_rebinding_would_fail`). vLLM caches its environment once an engine has started;
+    the cache is cleared so that the setting counts. The async engine of `verify` always runs its
+    core in its own process.
     """
     if in_process:
         _give_llvmlite_a_namespace()
