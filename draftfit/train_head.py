@@ -9,7 +9,8 @@ Recipe (every number below is a :class:`HeadRecipe` field and part of the cache 
    prompts the head never saw).
 2. **States** — one transformers prefill per prompt + answer gives the target's auxiliary hidden
    states (vLLM's default layers ``(2, L // 2, L - 3)``; an EAGLE head: the last layer's, normed; an
-   MTP layer: the last layer's before the final norm).
+   MTP layer: the last layer's before the final norm). Heads trained together on one recipe
+   (:func:`train_heads`) share the answers and this pass.
 3. **Vocabulary** — the draft vocabulary is the ``draft_vocab`` most frequent target tokens of the
    training answers (``d2t``/``t2d`` written as vLLM and speculators read them). An EAGLE head or MTP layer
    drafts over the target's whole vocabulary (vLLM maps no reduced one for it) through the target's
@@ -37,6 +38,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -112,62 +114,108 @@ def _key(target_fp: str, prompts_hash: str, recipe: HeadRecipe, method: str) -> 
 def train_eagle_head(target: ModelRef, prompt_ids: Sequence[Sequence[int]], recipe: HeadRecipe = HeadRecipe(), *,
                      method: str = "eagle3", engine_config=None, engine_factory=None,
                      progress: Callable[[str], None] = lambda m: None) -> TrainedHead:
-    """Train (or reuse from the cache) an EAGLE-3 (``method`` eagle3) or EAGLE (eagle) head for
-    ``target`` on ``prompt_ids``."""
+    """Train (or reuse from the cache) an EAGLE-3 (``method`` eagle3), EAGLE (eagle) head or an MTP
+    layer (mtp) for ``target`` on ``prompt_ids``."""
+    return train_heads(target, prompt_ids, recipe, methods=(method,), engine_config=engine_config,
+                       engine_factory=engine_factory, progress=progress)[method]
+
+
+def train_heads(target: ModelRef, prompt_ids: Sequence[Sequence[int]], recipe: HeadRecipe = HeadRecipe(), *,
+                methods: Sequence[str], engine_config=None, engine_factory=None,
+                progress: Callable[[str], None] = lambda m: None) -> dict[str, TrainedHead]:
+    """One head per method of ``methods`` for ``target`` on ``prompt_ids`` with one recipe, each
+    from the cache or trained. Those trained share the target's work: it answers the prompts once
+    and is read once for the states all of them take (an EAGLE-3 head's auxiliary layers and an MTP
+    layer's last state in one prefill per sequence). Each head is the one it would be trained alone,
+    under the same cache key."""
     from draftfit.trajectories import prompts_hash
 
-    title = TITLES[method]
+    titles = " and ".join(TITLES[m] for m in dict.fromkeys(methods))
     prompt_ids = [p for p in prompt_ids if len(p) <= recipe.max_prompt_tokens]
     if not prompt_ids:
-        raise DraftfitError(f"no training prompts of at most {recipe.max_prompt_tokens} tokens for the {title} head",
+        raise DraftfitError(f"no training prompts of at most {recipe.max_prompt_tokens} tokens for the {titles} head",
                             fix="Give the recipe shorter prompts")
     target_fp = fingerprint(target)
-    key = _key(target_fp, prompts_hash(prompt_ids), recipe, method)
-    final = head_dir(key)
-    if final.exists():
-        meta = cachedir.verified(final, what=f"trained {title} head")
-        if meta is not None:
-            return TrainedHead(final, True, meta)
-        cachedir.discard(final)
-    start = time.perf_counter()
+    phash = prompts_hash(prompt_ids)
+    heads: dict[str, TrainedHead] = {}
+    todo: dict[str, Path] = {}
+    for method in dict.fromkeys(methods):
+        final = head_dir(_key(target_fp, phash, recipe, method))
+        if final.exists():
+            meta = cachedir.verified(final, what=f"trained {TITLES[method]} head")
+            if meta is not None:
+                heads[method] = TrainedHead(final, True, meta)
+                continue
+            cachedir.discard(final)
+        todo[method] = final
+    if todo:
+        heads |= _train_uncached(target, target_fp, prompt_ids, recipe, todo, engine_config, engine_factory, progress)
+    return {method: heads[method] for method in methods}
+
+
+def _train_uncached(target: ModelRef, target_fp: str, prompt_ids: list, recipe: HeadRecipe, todo: dict[str, Path],
+                    engine_config, engine_factory, progress) -> dict[str, TrainedHead]:
+    """Each head of ``todo`` (method → its cache folder) trained on one set of the target's answers
+    and states, and published to its folder."""
     from draftfit.engines import EngineConfig, SamplingSpec
     from draftfit.trajectories import target_trajectories
 
-    progress(f"{title} head: the target answers {len(prompt_ids)} training prompts (≤{recipe.max_tokens} tokens)")
+    start = time.perf_counter()
+    titles = " and ".join(TITLES[m] for m in todo)
+    progress(f"{titles} head: the target answers {len(prompt_ids)} training prompts (≤{recipe.max_tokens} tokens)")
     trajset = target_trajectories(target, prompt_ids, SamplingSpec(0.0, 1.0, recipe.max_tokens, recipe.seed),
                                   engine_config=engine_config or EngineConfig(), top_k=1, engine_factory=engine_factory)
     seqs = [t.sequence.astype(np.int64) for t in trajset.trajectories]
     starts = [t.response_start for t in trajset.trajectories]
-    tmp = cachedir.temp_dir(final)
-    try:
-        stats = _fit(model_dir(target), seqs, starts, recipe, tmp, target.spec, progress, method)
-        meta = {"method": method, "target": target.spec, "target_fingerprint": target_fp, "recipe": recipe.to_dict(),
-                "recipe_version": RECIPE_VERSION, "training_prompts": len(seqs), "trajectories": trajset.key,
-                "seconds": time.perf_counter() - start, **stats}
-        (tmp / "draftfit-training.json").write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
-        cachedir.write_manifest(tmp, meta)
-        cachedir.publish(tmp, final)
-    except BaseException:
-        cachedir.discard(tmp)
-        raise
-    return TrainedHead(final, False, meta)
+    target_dir = model_dir(target)
+    plans = {method: _plan(target_dir, seqs, starts, recipe, method) for method in todo}
+    data, precision = _read_states(target_dir, seqs, starts, recipe, plans, progress)
+    shared = time.perf_counter() - start
+    heads = {}
+    for method, final in todo.items():
+        own = time.perf_counter()
+        tmp = cachedir.temp_dir(final)
+        try:
+            stats = _train(plans[method], data.pop(method), precision, recipe, target_dir, tmp, target.spec, progress)
+            meta = {"method": method, "target": target.spec, "target_fingerprint": target_fp, "recipe": recipe.to_dict(),
+                    "recipe_version": RECIPE_VERSION, "training_prompts": len(seqs), "trajectories": trajset.key,
+                    # the target's answers and states (shared by the heads trained with this one), then its own training
+                    "seconds": shared + time.perf_counter() - own, **stats}
+            if len(todo) > 1:
+                meta["target_pass_shared_with"] = [m for m in todo if m != method]
+            (tmp / "draftfit-training.json").write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
+            cachedir.write_manifest(tmp, meta)
+            cachedir.publish(tmp, final)
+        except BaseException:
+            cachedir.discard(tmp)
+            raise
+        heads[method] = TrainedHead(final, False, meta)
+    return heads
 
 
-def _fit(target_dir: Path, seqs: list[np.ndarray], starts: list[int], recipe: HeadRecipe, out: Path, verifier: str,
-         progress, method: str = "eagle3") -> dict:
+@dataclass
+class _HeadPlan:
+    """One head's vocabulary and shape, before it is initialised (draftfit.eagle_head.HeadConfig)."""
+
+    method: str
+    config: Any  # HeadConfig
+    layers: int  # the target's
+    aux: tuple[int, ...]  # the target states it reads (index ``layers``: the last, see before_final_norm)
+    keep: np.ndarray  # the draft vocabulary's target ids
+    frequent: Any  # the ids every sampled softmax spans, or None (the draft vocabulary's softmax)
+    t2d: np.ndarray
+    coverage: float
+
+    @property
+    def reads_last(self) -> bool:
+        return self.layers in self.aux
+
+
+def _plan(target_dir: Path, seqs: list[np.ndarray], starts: list[int], recipe: HeadRecipe, method: str) -> _HeadPlan:
     import torch
 
-    from draftfit.eagle_head import (
-        HEADS,
-        HeadConfig,
-        TargetStates,
-        default_aux_layers,
-        target_embeddings,
-        target_lm_head,
-    )
+    from draftfit.eagle_head import HeadConfig, default_aux_layers
 
-    torch.manual_seed(recipe.seed)
-    title = TITLES[method]
     cfg = json.loads((target_dir / "config.json").read_text(encoding="utf-8"))
     layers = int(cfg["num_hidden_layers"])
     rope = cfg.get("rope_parameters") or {}
@@ -183,10 +231,8 @@ def _fit(target_dir: Path, seqs: list[np.ndarray], starts: list[int], recipe: He
     keep = np.sort(order[:n_draft])
     # the frequent tokens every sampled softmax spans (a head over the target's whole vocabulary)
     frequent = torch.as_tensor(order[: recipe.draft_vocab]) if n_draft == vocab and recipe.sampled_vocab else None
-    d2t = torch.as_tensor(keep - np.arange(n_draft), dtype=torch.long) if n_draft < vocab else None
     t2d = np.full(vocab, -1, dtype=np.int64)
     t2d[keep] = np.arange(n_draft)
-    coverage = float(counts[keep].sum() / max(counts.sum(), 1))
     config = HeadConfig(
         hidden_size=int(cfg["hidden_size"]), num_heads=int(cfg["num_attention_heads"]),
         num_kv_heads=int(cfg.get("num_key_value_heads") or cfg["num_attention_heads"]),
@@ -198,21 +244,67 @@ def _fit(target_dir: Path, seqs: list[np.ndarray], starts: list[int], recipe: He
         max_position_embeddings=int(cfg.get("max_position_embeddings") or 2048), norm_before_residual=True,
         attention_bias=method == "mtp", method=method,
     )
-    aux = config.aux_layers(layers)
+    return _HeadPlan(method, config, layers, tuple(config.aux_layers(layers)), keep, frequent, t2d,
+                     float(counts[keep].sum() / max(counts.sum(), 1)))
+
+
+def _read_states(target_dir: Path, seqs: list[np.ndarray], starts: list[int], recipe: HeadRecipe,
+                 plans: dict[str, _HeadPlan], progress) -> tuple[dict[str, list], str]:
+    """Each plan's training data — (sequence, its states, the target's top-k ids and probabilities,
+    the response start) per sequence long enough — and the precision the states were read in. One
+    prefill per sequence reads every layer the plans take; the last layer's output is read normed
+    or before the final norm, so heads that read it both ways take a pass each."""
+    import torch
+
+    from draftfit.eagle_head import TargetStates
+
+    passes: dict[bool, list[str]] = {}
+    for method, plan in plans.items():  # heads that do not read the last layer join any pass
+        wanted = plan.config.before_final_norm if plan.reads_last else next(iter(passes), plan.config.before_final_norm)
+        passes.setdefault(wanted, []).append(method)
+    data: dict[str, list] = {method: [] for method in plans}
+    precision = ""
+    for before_final_norm, methods in passes.items():
+        layers = sorted({i for m in methods for i in plans[m].aux})
+        named = " and ".join(TITLES[m] for m in methods)
+        progress(f"{named} head: the target's states at layers {layers} over {len(seqs)} sequences")
+        states = TargetStates(target_dir, layers, before_final_norm=before_final_norm)
+        hidden = plans[methods[0]].config.target_hidden_size
+        # each head's columns of the pass, its layers in its own order
+        columns = {m: torch.cat([torch.arange(layers.index(i) * hidden, (layers.index(i) + 1) * hidden) for i in plans[m].aux])
+                   for m in methods}
+        for s, p in zip(seqs, starts, strict=True):
+            if len(s) - p < 3:
+                continue
+            read, top_ids, top_p = states(s, recipe.soft_top_k) if recipe.soft_top_k else (states(s), None, None)
+            for m in methods:  # contiguous, as a pass of its own layers alone gives them
+                mine = read if plans[m].aux == tuple(layers) else read[:, columns[m]].contiguous()
+                data[m].append((torch.as_tensor(s), mine, top_ids, top_p, p))
+        # where the CPU computes bfloat16 natively the engines run in it: so does training, several times faster
+        precision = states.dtype
+        del states
+    return data, precision
+
+
+def _train(plan: _HeadPlan, data: list, precision: str, recipe: HeadRecipe, target_dir: Path, out: Path, verifier: str,
+           progress) -> dict:
+    import torch
+
+    from draftfit.eagle_head import HEADS, target_embeddings, target_lm_head
+
+    torch.manual_seed(recipe.seed)
+    title = TITLES[plan.method]
+    config, keep = plan.config, plan.keep
+    vocab, n_draft = config.vocab_size, config.draft_vocab_size
+    d2t = torch.as_tensor(keep - np.arange(n_draft), dtype=torch.long) if n_draft < vocab else None
     embed = target_embeddings(target_dir)
-    head = HEADS[method].init(config, embed, len(aux), seed=recipe.seed, d2t=d2t)
+    head = HEADS[plan.method].init(config, embed, len(plan.aux), seed=recipe.seed, d2t=d2t)
     with torch.no_grad():
         head.t["lm_head"].copy_(target_lm_head(target_dir)[torch.as_tensor(keep)])
     # the LM head stays the target's rows (as EAGLE's does): with minutes of data a trained one overfits
     head.t["lm_head"].requires_grad_(not recipe.freeze_lm_head)
-    progress(f"{title} head: the target's states at layers {list(aux)} over {len(seqs)} sequences")
-    states = TargetStates(target_dir, aux, before_final_norm=config.before_final_norm)
-    data = [(torch.as_tensor(s), *(states(s, recipe.soft_top_k) if recipe.soft_top_k else (states(s), None, None)), p)
-            for s, p in zip(seqs, starts, strict=True) if len(s) - p >= 3]
-    # where the CPU computes bfloat16 natively the engines run in it: so does training, several times faster
-    precision = states.dtype
-    del states
-    labels_map = torch.as_tensor(t2d)
+    labels_map = torch.as_tensor(plan.t2d)
+    frequent = plan.frequent
     opt = torch.optim.AdamW(head.parameters(), lr=recipe.lr, weight_decay=0.0)
     total = recipe.epochs * len(data)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda i: min(1.0, (i + 1) / max(total // 20, 1)) * max(0.05, 1 - i / max(total, 1)))
@@ -243,8 +335,9 @@ def _fit(target_dir: Path, seqs: list[np.ndarray], starts: list[int], recipe: He
         history.append({"epoch": epoch + 1, "seconds": time.perf_counter() - epoch_start, "loss": float(np.mean(losses)), "train_accuracy_per_step": acc})
         progress(f"{title} head: epoch {epoch + 1}/{recipe.epochs}: loss {np.mean(losses):.3f}, "
                  f"step accuracy {', '.join(f'{a:.2f}' for a in acc)} (training data)")
-    head.save(out, verifier=verifier, target_layers=layers, target_dir=target_dir)
-    return {"precision": precision, "draft_vocab_size": n_draft, "draft_vocab_coverage": coverage, "aux_layers": list(aux), "history": history}
+    head.save(out, verifier=verifier, target_layers=plan.layers, target_dir=target_dir)
+    return {"precision": precision, "draft_vocab_size": n_draft, "draft_vocab_coverage": plan.coverage, "aux_layers": list(plan.aux),
+            "history": history}
 
 
 def _autocast(precision: str):

@@ -201,9 +201,9 @@ CI_RECIPE = {"max_tokens": 64, "epochs": 4, "draft_vocab": 4096, "max_prompt_tok
 TRAINING_PROMPTS = 240
 
 
-def train_in_session(method: str, smollm2_ref, smollm2_meta, smollm2_model, engine_slot):
-    """A small ``method`` head trained in the test session on demo prompts, and the held-back
-    prompts' answers (both cached: a second head reuses the target's answers)."""
+def train_in_session(methods: tuple[str, ...], smollm2_ref, smollm2_meta, smollm2_model, engine_slot):
+    """Small heads of ``methods`` trained in the test session on demo prompts (one target pass for
+    all of them), and the held-back prompts' answers: method → (head, answers)."""
     pytest.importorskip("vllm")
     from contextlib import nullcontext
 
@@ -211,10 +211,10 @@ def train_in_session(method: str, smollm2_ref, smollm2_meta, smollm2_model, engi
     from draftfit.engines import EngineConfig, SamplingSpec
     from draftfit.engines.vllm_engine import VLLMEngine
     from draftfit.prompts.sampling import study_prompts
-    from draftfit.train_head import HeadRecipe, train_eagle_head, training_prompts
+    from draftfit.train_head import HeadRecipe, train_heads, training_prompts
     from draftfit.trajectories import target_trajectories
 
-    def target(ref):  # started only where the answers are not cached: the second head reuses the first's
+    def target(ref):  # started only where the answers are not cached
         return nullcontext(engine_slot.acquire(("smollm2", "float32"), lambda: VLLMEngine(
             smollm2_model, dtype="float32", max_model_len=1024, progress=False)))
 
@@ -222,12 +222,12 @@ def train_in_session(method: str, smollm2_ref, smollm2_meta, smollm2_model, engi
     held = [item for item in study_prompts(study, smollm2_meta).items]
     prompts = training_prompts(study, smollm2_meta, [item.id for item in held])[1][:TRAINING_PROMPTS]
     config = EngineConfig(dtype="float32", max_model_len=1024)
-    head = train_eagle_head(smollm2_ref, prompts, HeadRecipe(**CI_RECIPE), method=method, engine_config=config,
-                            engine_factory=target)
+    heads = train_heads(smollm2_ref, prompts, HeadRecipe(**CI_RECIPE), methods=methods, engine_config=config,
+                        engine_factory=target)
     trajset = target_trajectories(smollm2_ref, [item.input_ids for item in held], SamplingSpec(0.0, 1.0, MAX_TOKENS + K, 0),
                                   engine_config=config, top_k=1, engine_factory=target)
     assert not set(map(tuple, prompts)) & {tuple(item.input_ids) for item in held}  # held back from training
-    return head, trajset
+    return {method: (head, trajset) for method, head in heads.items()}
 
 
 def predicted_and_vllms_al(method: str, trained, smollm2_model, engine_slot) -> tuple[float, float]:
@@ -258,21 +258,16 @@ def predicted_and_vllms_al(method: str, trained, smollm2_model, engine_slot) -> 
 # EAGLE (EAGLE-1) is not here: heads the recipe trained at its earlier learning rate reached AL 1.005
 # and 1.009 on these prompts (vLLM's counters agreed to the fourth decimal both times)
 @pytest.fixture(scope="module")
-def trained(smollm2_ref, smollm2_meta, smollm2_model, engine_slot):
-    """An EAGLE-3 head trained on the demo prompts the held-back ones are not among."""
-    return train_in_session("eagle3", smollm2_ref, smollm2_meta, smollm2_model, engine_slot)
-
-
-@pytest.fixture(scope="module")
-def trained_mtp(smollm2_ref, smollm2_meta, smollm2_model, engine_slot):
-    """An MTP layer trained on the same demo prompts, written into a copy of the target."""
-    return train_in_session("mtp", smollm2_ref, smollm2_meta, smollm2_model, engine_slot)
+def trained_heads(smollm2_ref, smollm2_meta, smollm2_model, engine_slot):
+    """An EAGLE-3 head and an MTP layer (written into a copy of the target) trained on the demo
+    prompts the held-back ones are not among, on one pass of the target."""
+    return train_in_session(("eagle3", "mtp"), smollm2_ref, smollm2_meta, smollm2_model, engine_slot)
 
 
 @pytest.mark.slow
 @pytest.mark.engine
-@pytest.mark.parametrize("method, fixture", [("eagle3", "trained"), ("mtp", "trained_mtp")])
-def test_trained_head_predicted_al_matches_vllms_counters(method, fixture, request, smollm2_model, engine_slot):
-    predicted, truth = predicted_and_vllms_al(method, request.getfixturevalue(fixture), smollm2_model, engine_slot)
+@pytest.mark.parametrize("method", ["eagle3", "mtp"])
+def test_trained_head_predicted_al_matches_vllms_counters(method, trained_heads, smollm2_model, engine_slot):
+    predicted, truth = predicted_and_vllms_al(method, trained_heads[method], smollm2_model, engine_slot)
     assert predicted >= AL_FLOOR, f"the {method} head trained here reached AL {predicted:.3f} < {AL_FLOOR}"
     assert abs(predicted - truth) <= AL_TOLERANCE_T0 * truth

@@ -1,15 +1,17 @@
 """The head recipe's sampled softmax (a head over the target's whole vocabulary): which columns a
 sequence's softmax spans, that their corrected exponentials estimate the whole normaliser, and that
-the loss over columns is the loss over the vocabulary when the columns are all of it."""
+the loss over columns is the loss over the vocabulary when the columns are all of it. Heads trained
+together read the target's states they would read alone."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 import torch
+from engine_fixtures import encode_prompts
 from test_eagle3 import VOCAB, sequence_following, tiny_head
 
-from draftfit.train_head import _chain_loss, sampled_columns
+from draftfit.train_head import HeadRecipe, _chain_loss, _plan, _read_states, sampled_columns
 
 
 def test_the_columns_are_the_ones_asked_for_and_a_draw_of_the_rest():
@@ -60,3 +62,27 @@ def test_the_loss_over_all_columns_in_any_order_is_the_vocabularys(soft):
     assert float(sampled[0]) == pytest.approx(float(whole[0]), rel=1e-5)
     assert whole[1].sum() > 0  # some tokens predicted right, so comparing them compares something
     np.testing.assert_array_equal(sampled[1], whole[1])
+
+
+def test_heads_trained_together_read_what_each_reads_alone(smollm2_model):
+    """An EAGLE-3 head and an MTP layer trained on one recipe share one prefill per sequence (the
+    auxiliary layers and the last layer's output): each gets the very tensors a pass of its own
+    gives, so a head trained with another is the one its cache key names."""
+    seqs = [np.asarray(p + p[-6:], dtype=np.int64) for p in encode_prompts(smollm2_model)[:2]]
+    starts = [len(s) - 6 for s in seqs]
+    recipe = HeadRecipe(soft_top_k=4)
+    plans = {method: _plan(smollm2_model, seqs, starts, recipe, method) for method in ("eagle3", "mtp")}
+    said = []
+    together, _ = _read_states(smollm2_model, seqs, starts, recipe, plans, said.append)
+    assert len(said) == 1 and "layers [2, 15, 27, 30]" in said[0]  # one pass
+    for method, plan in plans.items():
+        alone, _ = _read_states(smollm2_model, seqs, starts, recipe, {method: plan}, said.append)
+        assert len(together[method]) == len(alone[method]) == len(seqs)
+        for mine, own in zip(together[method], alone[method], strict=True):
+            assert all(torch.equal(a, b) if isinstance(a, torch.Tensor) else a == b for a, b in zip(mine, own, strict=True))
+        assert together[method][0][1].shape[-1] == 576 * len(plan.aux)
+    # and what the recipe read before heads shared a pass: a pass of the head's own layers
+    from draftfit.eagle_head import TargetStates
+
+    own, top_ids, top_p = TargetStates(smollm2_model, plans["eagle3"].aux)(seqs[0], 4)
+    assert torch.equal(together["eagle3"][0][1], own) and torch.equal(together["mtp"][0][2], top_ids)
