@@ -105,6 +105,8 @@ def _key(target_fp: str, prompts_hash: str, recipe: HeadRecipe, method: str) -> 
         blob["recipe"].pop("sampled_vocab")  # its draft vocabulary is its softmax's
     else:
         blob["method"] = method
+        if method == "mtp":  # trained on the state it is served (before the final norm), no longer the normed one
+            blob["states"] = "before_final_norm"
         if not recipe.sampled_vocab:  # an EAGLE head's vocabulary is the target's, all in its softmax
             blob["recipe"].pop("draft_vocab")
     digest = hashlib.sha256(json.dumps(blob, sort_keys=True).encode()).hexdigest()[:12]
@@ -214,7 +216,7 @@ class _HeadPlan:
 def _plan(target_dir: Path, seqs: list[np.ndarray], starts: list[int], recipe: HeadRecipe, method: str) -> _HeadPlan:
     import torch
 
-    from draftfit.eagle_head import HeadConfig, default_aux_layers
+    from draftfit.eagle_head import MTP_ARCHITECTURE, HeadConfig, default_aux_layers
 
     cfg = json.loads((target_dir / "config.json").read_text(encoding="utf-8"))
     layers = int(cfg["num_hidden_layers"])
@@ -243,6 +245,8 @@ def _plan(target_dir: Path, seqs: list[np.ndarray], starts: list[int], recipe: H
         aux_layer_ids=default_aux_layers(layers) if method == "eagle3" else None,
         max_position_embeddings=int(cfg.get("max_position_embeddings") or 2048), norm_before_residual=True,
         attention_bias=method == "mtp", method=method,
+        # the layout the layer is written in, whose model hands it the last state before the final norm
+        architecture=MTP_ARCHITECTURE if method == "mtp" else "",
     )
     return _HeadPlan(method, config, layers, tuple(config.aux_layers(layers)), keep, frequent, t2d,
                      float(counts[keep].sum() / max(counts.sum(), 1)))
@@ -259,9 +263,12 @@ def _read_states(target_dir: Path, seqs: list[np.ndarray], starts: list[int], re
     from draftfit.eagle_head import TargetStates
 
     passes: dict[bool, list[str]] = {}
+    for method, plan in plans.items():
+        if plan.reads_last:
+            passes.setdefault(plan.config.before_final_norm, []).append(method)
     for method, plan in plans.items():  # heads that do not read the last layer join any pass
-        wanted = plan.config.before_final_norm if plan.reads_last else next(iter(passes), plan.config.before_final_norm)
-        passes.setdefault(wanted, []).append(method)
+        if not plan.reads_last:
+            passes.setdefault(next(iter(passes), False), []).append(method)
     data: dict[str, list] = {method: [] for method in plans}
     precision = ""
     for before_final_norm, methods in passes.items():
