@@ -394,3 +394,21 @@ def test_an_engine_starts_in_this_process_after_numba_was_imported():
     done = subprocess.run([sys.executable, "-c", _NUMBA_THEN_ENGINE], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.split() == ["0", "False", "42", "1"]
+
+
+def test_numba_runs_its_loops_off_openmp_where_engines_start_in_process(monkeypatch):
+    """vLLM's ngram proposer compiles a parallel loop; on numba's OpenMP layer a second OpenMP
+    runtime then slowed every later torch pass of the process (the heads' target pass 7×). An
+    in-process start puts numba on its own pool, in its environment and, once imported, its
+    config; a layer the user chose stays."""
+    numba_config = pytest.importorskip("numba.core.config")
+    from draftfit.engines.vllm_engine import _keep_numba_off_openmp
+
+    monkeypatch.delenv("NUMBA_THREADING_LAYER", raising=False)
+    monkeypatch.setattr(numba_config, "THREADING_LAYER", "default")
+    _keep_numba_off_openmp()
+    assert os.environ["NUMBA_THREADING_LAYER"] == numba_config.THREADING_LAYER == "workqueue"
+    monkeypatch.setenv("NUMBA_THREADING_LAYER", "tbb")
+    monkeypatch.setattr(numba_config, "THREADING_LAYER", "tbb")
+    _keep_numba_off_openmp()
+    assert os.environ["NUMBA_THREADING_LAYER"] == numba_config.THREADING_LAYER == "tbb"

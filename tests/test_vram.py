@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import replace
 from pathlib import Path
 
@@ -444,7 +445,8 @@ def test_the_installed_vllm_sizes_a_mamba2_hybrids_request_as_predicted(tmp_path
         assert shape.kv_layers == shape.recurrent.layers == layers
         engine = engine_slot.acquire(("mamba2", str(target)), lambda target=target: VLLMEngine(
             target, dtype="float32", max_model_len=1024, max_num_batched_tokens=256, progress=False, speculative_config=spec))
-        assert not engine.engine_pids  # a prompt-lookup engine starts in this process (numba compiles here)
+        # a prompt-lookup engine starts in this process, numba (which compiles its proposer here) off OpenMP
+        assert not engine.engine_pids and os.environ.get("NUMBA_THREADING_LAYER") == "workqueue"
         cache = engine.llm.llm_engine.vllm_config.cache_config
         assert cache.enable_prefix_caching is False
         page = cache.block_size * shape.kv_layer_bytes(4.0) * layers
