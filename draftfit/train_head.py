@@ -97,6 +97,11 @@ def head_dir(key: str) -> Path:
 TITLES = {"eagle3": "EAGLE-3", "eagle": "EAGLE", "mtp": "MTP"}
 
 
+def _titles(methods) -> str:
+    """``EAGLE-3 and MTP``: the heads of ``methods``, each named once."""
+    return " and ".join(TITLES[m] for m in dict.fromkeys(methods))
+
+
 def _key(target_fp: str, prompts_hash: str, recipe: HeadRecipe, method: str) -> str:
     import hashlib
 
@@ -132,7 +137,7 @@ def train_heads(target: ModelRef, prompt_ids: Sequence[Sequence[int]], recipe: H
     under the same cache key."""
     from draftfit.trajectories import prompts_hash
 
-    titles = " and ".join(TITLES[m] for m in dict.fromkeys(methods))
+    titles = _titles(methods)
     prompt_ids = [p for p in prompt_ids if len(p) <= recipe.max_prompt_tokens]
     if not prompt_ids:
         raise DraftfitError(f"no training prompts of at most {recipe.max_prompt_tokens} tokens for the {titles} head",
@@ -163,8 +168,7 @@ def _train_uncached(target: ModelRef, target_fp: str, prompt_ids: list, recipe: 
     from draftfit.trajectories import target_trajectories
 
     start = time.perf_counter()
-    titles = " and ".join(TITLES[m] for m in todo)
-    progress(f"{titles} head: the target answers {len(prompt_ids)} training prompts (≤{recipe.max_tokens} tokens)")
+    progress(f"{_titles(todo)} head: the target answers {len(prompt_ids)} training prompts (≤{recipe.max_tokens} tokens)")
     trajset = target_trajectories(target, prompt_ids, SamplingSpec(0.0, 1.0, recipe.max_tokens, recipe.seed),
                                   engine_config=engine_config or EngineConfig(), top_k=1, engine_factory=engine_factory)
     seqs = [t.sequence.astype(np.int64) for t in trajset.trajectories]
@@ -273,8 +277,7 @@ def _read_states(target_dir: Path, seqs: list[np.ndarray], starts: list[int], re
     precision = ""
     for before_final_norm, methods in passes.items():
         layers = sorted({i for m in methods for i in plans[m].aux})
-        named = " and ".join(TITLES[m] for m in methods)
-        progress(f"{named} head: the target's states at layers {layers} over {len(seqs)} sequences")
+        progress(f"{_titles(methods)} head: the target's states at layers {layers} over {len(seqs)} sequences")
         states = TargetStates(target_dir, layers, before_final_norm=before_final_norm)
         hidden = plans[methods[0]].config.target_hidden_size
         # each head's columns of the pass, its layers in its own order
