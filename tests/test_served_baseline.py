@@ -184,6 +184,47 @@ def test_a_candidate_is_timed_beside_the_baseline_where_both_fit(monkeypatch, sm
     assert pipeline._fits_beside(smollm2_ref, None, None, baseline_up=baseline_up) is fits
 
 
+def _resident_mib() -> float:
+    import psutil
+
+    return psutil.Process().memory_info().rss / 2**20
+
+
+def test_memory_the_process_freed_is_counted_as_available():
+    """Torch tensors of a few hundred KB, freed, stay resident in glibc's arenas (as the heads'
+    training left 2.8 GiB in rank's process) until servers_at_once hands them back before it counts
+    the memory available for engines; without that the baseline stopped fitting beside candidates."""
+    import torch
+
+    from draftfit.verify.measure import return_freed_memory
+
+    return_freed_memory()  # what earlier tests freed would otherwise take these tensors without growing
+    before = _resident_mib()
+    held = [torch.randn(300 + i % 50, 576) * 2 for i in range(1500)]  # about 1 GB, a head's states
+    grown = _resident_mib() - before
+    del held
+    freed_only = _resident_mib() - before
+    return_freed_memory()
+    returned = _resident_mib() - before
+    assert grown > 700
+    assert returned < 0.2 * grown, f"{returned:.0f} MiB of {grown:.0f} still resident (before the trim: {freed_only:.0f})"
+
+
+def test_servers_are_counted_after_the_freed_memory_is_returned(monkeypatch, tmp_path):
+    import psutil
+
+    import draftfit.verify.measure as measure
+    from draftfit.engines import EngineConfig
+
+    order = []
+    monkeypatch.setattr("draftfit.parallelism.on_gpu", lambda: False)
+    monkeypatch.setattr(measure, "return_freed_memory", lambda: order.append("returned"))
+    monkeypatch.setattr(psutil, "virtual_memory",
+                        lambda: order.append("counted") or type("Memory", (), {"available": 20 * 2**30})())
+    assert measure.servers_at_once(tmp_path, EngineConfig(), [], "serve") == 8
+    assert order == ["returned", "counted"]
+
+
 def test_a_cache_entry_timed_before_the_context_was_recorded_gets_it_from_its_prompts(timed, smollm2_ref):
     """Entries written before SpecStepTiming.context_len: read back with the context their prompts
     and tokens give (spec_timing.timing_context), which the correction compares them at."""
