@@ -157,12 +157,12 @@ def timing_engine_config(model: str | Path, engine_config, sequences: int):
     """
     from draftfit.engines.vllm_engine import node_memory_bytes
     from draftfit.hardware import ModelShape
+    from draftfit.vram import dtype_bytes
 
     try:
         node = node_memory_bytes()
         shape = ModelShape.from_config(json.loads((Path(model) / "config.json").read_text()))
-        kv_bytes = 4.0 if engine_config.dtype in ("float32", "float") else 2.0
-        per_token, besides = shape.kv_allocation(engine_config.max_model_len, kv_bytes)
+        per_token, besides = shape.kv_allocation(engine_config.max_model_len, dtype_bytes(engine_config.dtype))
     except Exception:  # noqa: BLE001 - a layout draftfit cannot size keeps the study's pool
         return engine_config
     need = TIMING_POOL_MARGIN * sequences * (per_token * engine_config.max_model_len + besides)
@@ -171,13 +171,15 @@ def timing_engine_config(model: str | Path, engine_config, sequences: int):
     return replace(engine_config, gpu_memory_utilization=need / node)
 
 
-def _served_engine(model: str | Path, speculative: dict | None, engine_config, *, sequences: int | None = None):
+def _served_engine(model: str | Path, speculative: dict | None, engine_config, *, sequences: int | None = None,
+                   seconds: dict[str, float] | None = None):
     """An engine in the served layout: its engine core in a process of its own, as `vllm serve` runs it.
 
     ``sequences``: the most sequences it runs at once, for a pool no larger than they need
     (:func:`timing_engine_config`). Should vLLM refuse that pool or say it holds fewer sequences
     of max_model_len (a draft with more KV than the margin), the engine starts again with
-    ``engine_config``'s."""
+    ``engine_config``'s; the engine closed for it counts in ``seconds`` (the caller adds the
+    returned one's where it closes)."""
     from draftfit.engines.vllm_engine import VLLMEngine, config_options
 
     def start(config):
@@ -195,6 +197,7 @@ def _served_engine(model: str | Path, speculative: dict | None, engine_config, *
                 return engine
             log.info("the pool holds %s sequences of %d wanted; starting with the study's", held, sequences)
             engine.close()
+            add_engine_seconds(seconds, engine)
     return start(engine_config)
 
 
@@ -256,7 +259,8 @@ class ServedBaseline:
             if self._engine is None:
                 self.progress("starting the target's served engine, timed beside each candidate")
                 self._engine = _served_engine(model_dir(self.target_ref, trust_remote_code=self.trust_remote_code), None,
-                                              self.engine_config, sequences=_most_at_once(self.plan))
+                                              self.engine_config, sequences=_most_at_once(self.plan),
+                                              seconds=self.seconds)
             self.progress("timing the target's served decode steps")
             timings = _time_plan(self._engine, False, self.prompts, self.plan, self.tokens)
         except Exception as exc:  # noqa: BLE001 - the candidates are then timed unpaired, and the results say so
@@ -357,7 +361,7 @@ def _timed_steps(target_ref: ModelRef, speculative: dict | None, plan: Sequence[
     else:
         progress(f"timing {label}")
         engine = _served_engine(served or model_dir(target_ref, trust_remote_code=trust_remote_code), speculative,
-                                engine_config, sequences=_most_at_once(plan))
+                                engine_config, sequences=_most_at_once(plan), seconds=seconds)
         with engine:
             paired = [baseline.before()] if baseline is not None and beside else []
             timings = _time_plan(engine, speculative is not None, prompts, plan, tokens)

@@ -63,7 +63,7 @@ def timed(monkeypatch, tmp_path):
     base_ms = itertools.chain([38.0, 35.0, 36.0], itertools.repeat(35.0))
     engines: list[FakeEngine] = []
 
-    def served_engine(model, speculative, engine_config, *, sequences=None):
+    def served_engine(model, speculative, engine_config, *, sequences=None, seconds=None):
         engines.append(FakeEngine(log, "baseline" if speculative is None else speculative["model"]))
         return engines[-1]
 
@@ -158,7 +158,7 @@ def test_a_baseline_that_cannot_start_leaves_the_candidate_timed_unpaired(timed,
     log, _ = timed
     study = StudySettings(concurrency=[1], max_model_len=1024)
 
-    def broken(model, speculative, engine_config, *, sequences=None):
+    def broken(model, speculative, engine_config, *, sequences=None, seconds=None):
         if speculative is None:
             raise RuntimeError("engine core failed to start\nmore")
         return FakeEngine(log, speculative["model"])
@@ -335,11 +335,16 @@ def test_a_pool_vllm_refuses_or_finds_short_is_started_again_at_the_studys(monke
             cache = SimpleNamespace(kv_cache_max_concurrency=held)
             self.llm = SimpleNamespace(llm_engine=SimpleNamespace(vllm_config=SimpleNamespace(cache_config=cache)))
             self.which = which
+            self.timings = [CallTiming("startup", 20.0)]
 
         def close(self):
             closed.append(self.which)
+            self.timings.append(CallTiming("shutdown", 1.0))
 
     monkeypatch.setattr("draftfit.engines.vllm_engine.VLLMEngine", Engine)
-    engine = pipeline._served_engine(smollm2_meta, None, study, sequences=4)
+    seconds: dict[str, float] = {}
+    engine = pipeline._served_engine(smollm2_meta, None, study, sequences=4, seconds=seconds)
     assert started == starts and engine.which == starts[-1]
     assert closed == (["sized"] if outcome == "short" else [])
+    # the engine closed for a short pool counts in the run's engine time; the one returned, where its caller closes it
+    assert seconds == ({"engine_startup": 20.0, "engine_shutdown": 1.0} if outcome == "short" else {})
