@@ -268,11 +268,14 @@ def grid_verify_wall(verify_wall: float, verified: int, groups: int, grid: int) 
 
 
 def wall_times(results, rank_wall: float, record: dict, verify_wall: float, configs: int) -> None:
-    timings = record["timings"]
+    timings, ranked = record["timings"], results.provenance["timings"]
     grid, groups = len(results.configs), len(record.get("groups") or [configs])
+    preparation = ranked.get("draft_preparation")  # absent in results ranked before it was recorded
     print("\n== wall time: rank over the grid vs verifying the same grid for real (target ≤ 0.05) ==")
     print(f"rank   {rank_wall:9.1f} s  over {grid} configurations "
-          f"(engine start-up {results.provenance['timings'].get('engine_startup', 0):.0f} s)")
+          f"(engine start-up {ranked.get('engine_startup', 0):.0f} s"
+          + (f"; preparing the drafts {preparation:.0f} s: heads trained, drafts derived, cached for later runs" if preparation else "")
+          + ")")
     print(f"verify {verify_wall:9.1f} s  over {configs} of them, measured (engine start-up {timings['engine_startup']:.0f} s, "
           f"runs {timings['runs']:.0f} s, shutdown {timings['engine_shutdown']:.0f} s; {groups} group(s), "
           "each with its baseline)")
@@ -285,6 +288,10 @@ def wall_times(results, rank_wall: float, record: dict, verify_wall: float, conf
     else:
         ratio, how = rank_wall / verify_wall, "measured"
     print(f"rank / verify of the grid = {ratio:.3f}, {how} ({'meets' if ratio <= WALL_TARGET else 'misses'} the ≤ 0.05 target)")
+    if preparation:
+        # what a team whose heads already exist (published, or ranked before) would wait for; not the target's figure
+        print(f"rank without preparing the drafts / verify of the grid = {ratio * (rank_wall - preparation) / rank_wall:.3f}, "
+              f"{how} (for information: drafts already prepared)")
 
 
 def report_file(path: Path) -> None:

@@ -523,7 +523,10 @@ class RankRun:
             self.warnings.append(layout_note)
 
         self.progress("checking target/draft pairs")
+        planning = time.perf_counter()
         plans = [self._plan(c, target_ref, target_meta) for c in self.candidates]
+        # training a head, deriving or converting a draft happen here, once: later runs read them cached
+        self.timings["draft_preparation"] = time.perf_counter() - planning
 
         self.progress("sampling prompts")
         sample = self._prompts(target_meta)

@@ -186,6 +186,8 @@ def test_second_run_reuses_every_cached_stage(candidate_files, measured_run, tmp
     assert again["targets"][0]["trajectories"]["from_cache"] is True
     assert again["targets"][0]["profile"]["from_cache"] is True
     assert again["provenance"]["timings"]["wall"] < first["provenance"]["timings"]["wall"]
+    for run in (first, again):  # the drafts' preparation is timed apart: a part of the wall, not all of it
+        assert 0.0 <= run["provenance"]["timings"]["draft_preparation"] < run["provenance"]["timings"]["wall"]
     assert [c["al_predicted"] for c in again["configs"]] == [c["al_predicted"] for c in first["configs"]]
 
 
