@@ -496,6 +496,10 @@ class CostPrediction:
     prefill_spec: np.ndarray | None = None
     step_overhead_s: float = 0.0  # added to every step of the speculative engine
     step_overhead_per_seq_s: float = 0.0  # and for each sequence in it beyond the first
+    # [B] factors on the speedup's interval beyond the AL's (low ≤ 1 ≤ high): the baseline the served
+    # timing divides by (draftfit.spec_timing.reference_range); None: 1
+    reference_low: np.ndarray | None = None
+    reference_high: np.ndarray | None = None
 
     def _interference(self) -> tuple[np.ndarray, np.ndarray]:
         zero = np.zeros(self.concurrency.shape)
@@ -512,11 +516,13 @@ class CostPrediction:
 
     @property
     def speedup_low(self) -> np.ndarray:
-        return self.itl_base_s[None, :] / self._itl_spec(self.al_low)
+        low = 1.0 if self.reference_low is None else self.reference_low[None, :]
+        return self.itl_base_s[None, :] / self._itl_spec(self.al_low) * low
 
     @property
     def speedup_high(self) -> np.ndarray:
-        return self.itl_base_s[None, :] / self._itl_spec(self.al_high)
+        high = 1.0 if self.reference_high is None else self.reference_high[None, :]
+        return self.itl_base_s[None, :] / self._itl_spec(self.al_high) * high
 
     @property
     def itl_base_s(self) -> np.ndarray:
@@ -594,6 +600,8 @@ class CostPrediction:
             "speedup": arr(self.speedup),
             "speedup_low": arr(self.speedup_low),
             "speedup_high": arr(self.speedup_high),
+            **({"reference_low": arr(self.reference_low), "reference_high": arr(self.reference_high)}
+               if self.reference_low is not None else {}),
             "tok_s_per_seq": arr(self.tok_s_per_seq),
             "tok_s_aggregate": arr(self.tok_s_aggregate),
             "base_tok_s_per_seq": arr(self.base_tok_s_per_seq),

@@ -143,6 +143,9 @@ def measured_profile(session: EngineSession, engine_fields: dict, plan: dict, vo
 # for a draft's own (an EAGLE-3 head, MTP layers, a draft model whose KV is no larger than the
 # target's) and for vLLM's rounding to pages
 TIMING_POOL_MARGIN = 2.5
+# the spread ((max − min) ÷ median) of the baseline's timings over a run beyond which rank says the
+# machine's speed moved (identical timings here differ by a few percent)
+BASELINE_MOVED = 0.10
 
 
 def timing_engine_config(model: str | Path, engine_config, sequences: int):
@@ -239,6 +242,7 @@ class ServedBaseline:
         self.repeats: list[list] = []  # every baseline timing of this run: timed here, or read with a cached candidate
         self.failure: str | None = None
         self.unpaired: dict[str, str] = {}  # candidate → why it was timed without the baseline beside it
+        self.beside: dict[str, list[list]] = {}  # candidate → the baseline timings just before and after it
         self._engine = None
         self._latest: list | None = None  # the last timing, while no candidate was timed after it
 
@@ -271,8 +275,10 @@ class ServedBaseline:
         self._latest = timings
         return timings
 
-    def record(self, paired: Sequence[Sequence]) -> None:
-        """The baseline timings around a candidate (timed here, or read with it from the cache)."""
+    def record(self, paired: Sequence[Sequence], candidate: str | None = None) -> None:
+        """The baseline timings around ``candidate`` (timed here, or read with it from the cache)."""
+        if candidate is not None and paired:
+            self.beside[candidate] = [list(timings) for timings in paired]
         # consecutive candidates share a timing (one's "after", the next one's "before"): counted once
         seen = [[t.to_dict() for t in r] for r in self.repeats]
         for timings in paired:
@@ -372,7 +378,7 @@ def _timed_steps(target_ref: ModelRef, speculative: dict | None, plan: Sequence[
         write_checked_json(path, {"kind": "measured", "timings": [t.to_dict() for t in timings]}
                            | ({"baseline": [[t.to_dict() for t in r] for r in paired]} if paired else {}))
     if baseline is not None:
-        baseline.record(paired)
+        baseline.record(paired, candidate)
         if not paired and not beside and candidate is not None:
             baseline.unpaired[candidate] = ("its engine and the target's do not both fit in the memory available "
                                             "(verify's estimate: weights, the KV fraction, runtime)")
@@ -480,9 +486,11 @@ class RankRun:
     spec_steps: dict = field(default_factory=dict)  # candidate → timed speculative steps (measured source)
     served_base: list = field(default_factory=list)  # the target's timed served decode steps, by batch (measured source)
     served_repeats: list = field(default_factory=list)  # each timing of the served baseline (served_base: their median)
+    served_beside: dict = field(default_factory=dict)  # candidate → the baseline timings around its own
     served_unpaired: dict = field(default_factory=dict)  # candidate → why the baseline was not timed beside it
     corrections: dict = field(default_factory=dict)  # candidate → ServedCorrection applied
     replayed: dict = field(default_factory=dict)  # candidate → its steps timed alone as the corrected model gives them back
+    references: dict = field(default_factory=dict)  # candidate → its speedup interval's factors for the baseline (reference_range)
     show_prompts: bool = False  # prompt text in warnings and progress lines (off: row numbers only)
     trust_remote_code: bool = False  # let model repositories run their own code
 
@@ -635,8 +643,16 @@ class RankRun:
             finally:
                 baseline.close()
             self.served_repeats = baseline.repeats
+            self.served_beside = dict(baseline.beside)
             self.served_base = baseline.median()
             self.served_unpaired = dict(baseline.unpaired)
+            moved = [t for t in self.served_base if t.repeats > 1 and t.spread > BASELINE_MOVED]
+            if moved:
+                note = (f"the target's served step moved by up to {max(t.spread for t in moved):.0%} between its "
+                        f"{len(self.served_repeats)} timings beside the candidates (the machine's speed changed during the run): "
+                        "each speedup interval holds both the run's median baseline and the one timed beside that candidate")
+                self.progress(note)
+                self.warnings.append(note)
             if baseline.failure:
                 self.warnings.append(f"the target's served engine could not be timed beside the candidates "
                                      f"({baseline.failure}); the baseline was timed once, on its own")
@@ -695,6 +711,9 @@ class RankRun:
                 "unpaired": self.served_unpaired,
                 "speculative": {name: [t.to_dict() for t in ts] for name, ts in self.spec_steps.items()},
                 "corrections": {name: c.to_dict() for name, c in self.corrections.items()},
+                # the baseline timings around each candidate's, and what dividing by them moves its speedup by
+                "beside": {name: [[t.to_dict() for t in r] for r in rows] for name, rows in self.served_beside.items()},
+                "reference": self.references,
                 "replayed": {name: [r.to_dict() for r in steps] for name, steps in self.replayed.items()},
             }} if self.spec_steps or self.served_base else {}),
             study=study.model_dump(mode="json"),
@@ -782,6 +801,15 @@ class RankRun:
 
         self.replayed[candidate.name] = replay_alone(self.served_base, timings, modelled, context_len)
         return target, draft, correction
+
+    def _reference(self, candidate: str, concurrency) -> dict[str, np.ndarray]:
+        """The candidate's speedup interval's factors for the baseline it divides by
+        (draftfit.spec_timing.reference_range), kept for the results."""
+        from draftfit.spec_timing import reference_range
+
+        low, high = reference_range(self.served_base, self.served_beside.get(candidate, []), self.served_repeats, concurrency)
+        self.references[candidate] = {"concurrency": [int(c) for c in concurrency], "low": low.tolist(), "high": high.tolist()}
+        return {"reference_low": low, "reference_high": high}
 
     def _score(self, trajset, draft_ref: ModelRef, engine_config, session: EngineSession):
         from draftfit.draft_scoring import score_draft
@@ -898,6 +926,8 @@ class RankRun:
                 **(correction.cost_terms() if correction else {}), context_len=context_len, al_low=np.clip(al_low * scale, 1.0, kmax), al_high=np.clip(al_high * scale, 1.0, kmax),
                 draft_fraction=fraction, prompt_len=prompt_lens, output_len=out_lens,
             )
+            if correction is not None:  # its speed rests on steps timed in the served layout: at the speed of their minutes
+                prediction = replace(prediction, **self._reference(c.name, study.concurrency))
             vram = candidate_vram(study, hardware, target_shape, draft_shape, method=method, ks=ks,
                                   constants=constants, activation_dtype=weight_dtype, target_dtype=stored(target_shape),
                                   draft_dtype=stored(draft_shape or target_shape))

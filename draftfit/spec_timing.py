@@ -121,6 +121,43 @@ def median_timings(repeats: Sequence[Sequence[SpecStepTiming]]) -> list[SpecStep
     return out
 
 
+def reference_range(median: Sequence[SpecStepTiming], beside: Sequence[Sequence[SpecStepTiming]],
+                    repeats: Sequence[Sequence[SpecStepTiming]], concurrency: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
+    """Per concurrency level, (low, high) factors (low ≤ 1 ≤ high) on a candidate's speedup for the
+    baseline it divides by: the run's median (``median``, the point) or the baseline timed
+    ``beside`` it, in the same minutes, as verify divides each configuration by its own group's.
+
+    The candidate's steps were timed at the machine's speed of those minutes, so divided by the
+    baseline beside it its speedup is the point × (its baseline ÷ the median). Where the machine's
+    speed moved during the run both are estimates, and the interval holds both: on a 2-core EPYC the
+    baseline read 30.2–40.1 ms per step over 17 minutes (median 36.5), and EAGLE-3 k=1, timed first
+    beside 30.2 and 32.7, was predicted 1.21× [1.17, 1.25] from the acceptance interval alone where
+    verify measured 1.01× [0.94, 1.08]. A candidate timed with no baseline beside it (memory) may
+    have run at any speed the baseline was timed at: the range of ``repeats``. Each level takes the
+    timed batch nearest it."""
+    levels = np.asarray(concurrency, float)
+    ones = np.ones(levels.shape)
+    typical = _by_batch(median)
+    if not typical:
+        return ones, ones
+    batches = np.array(sorted(typical), float)
+    nearest = batches[np.abs(np.log(levels[:, None]) - np.log(batches[None, :])).argmin(axis=1)].astype(int)
+    rows = beside if beside else repeats
+    ratios = []
+    for batch in nearest:
+        seen = [t.seconds_per_step for r in rows for t in r if t.batch == batch]
+        mid = typical[int(batch)].seconds_per_step
+        if not seen or mid <= 0:
+            ratios.append((1.0, 1.0))
+        elif beside:
+            ratios.append((statistics.median(seen) / mid,) * 2)
+        else:
+            ratios.append((min(seen) / mid, max(seen) / mid))
+    low = np.minimum(1.0, [r[0] for r in ratios])
+    high = np.maximum(1.0, [r[1] for r in ratios])
+    return low, high
+
+
 def _mean_or_none(values: Sequence[float | None]) -> float | None:
     known = [v for v in values if v is not None]
     return float(np.mean(known)) if known else None
@@ -427,4 +464,4 @@ def replay_alone(base: Sequence[SpecStepTiming] | SpecStepTiming | None, timing:
 
 
 __all__ = ["DEFAULT_PROMPTS", "DEFAULT_TOKENS", "SERVED_BATCH", "base_offsets", "batch_schedule", "median_timings",
-           "ReplayedStep", "ServedCorrection", "SpecStepTiming", "replay_alone", "served_correction", "time_spec_steps", "timing_batches", "timing_plan"]
+           "reference_range", "ReplayedStep", "ServedCorrection", "SpecStepTiming", "replay_alone", "served_correction", "time_spec_steps", "timing_batches", "timing_plan"]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -282,6 +283,12 @@ def test_confidence_interval_maps_to_speedup_bounds():
     assert (pred.speedup_low[0, 0], pred.speedup[0, 0], pred.speedup_high[0, 0]) == pytest.approx(
         (1.8 * 10 / 12, 2.0 * 10 / 12, 2.2 * 10 / 12)
     )
+    # the baseline the served timing divides by widens it beyond the AL's, and leaves the point
+    wide = replace(pred, reference_low=np.array([0.9]), reference_high=np.array([1.05]))
+    assert (wide.speedup_low[0, 0], wide.speedup[0, 0], wide.speedup_high[0, 0]) == pytest.approx(
+        (0.9 * 1.8 * 10 / 12, 2.0 * 10 / 12, 1.05 * 2.2 * 10 / 12)
+    )
+    assert wide.to_dict()["reference_low"] == [0.9] and "reference_low" not in pred.to_dict()
 
 
 def test_model_free_draft_costs_cpu_time_only():

@@ -74,6 +74,16 @@ def test_the_measured_path_times_the_served_steps(measured_run):
     for batch in (0, 1):
         median = float(np.median([r[batch]["seconds_per_step"] for r in repeats]))
         assert [served["baseline"], *served["baseline_batched"]][batch]["seconds_per_step"] == pytest.approx(median)
+    # each candidate's speedup interval also holds its speedup divided by the two timings around its own
+    assert set(served["beside"]) == set(served["reference"]) == set(served["speculative"])
+    for name, rows in served["beside"].items():
+        assert len(rows) == 2 and all(row in repeats for row in rows), name
+        ratio = float(np.median([r[0]["seconds_per_step"] for r in rows])) / served["baseline"]["seconds_per_step"]
+        reference = served["reference"][name]
+        assert reference["low"][0] == pytest.approx(min(ratio, 1.0)) and reference["high"][0] == pytest.approx(max(ratio, 1.0))
+        for config in (c for c in data["configs"] if c["candidate"] == name):
+            level = config["per_concurrency"][0]
+            assert level["speedup_ci_low"] <= level["speedup_predicted"] <= level["speedup_ci_high"], (name, config["k"])
     from draftfit.costmodel import MeasuredStepTime, ModelFreeDraftCost, predict_costs
     from draftfit.hardware import StepProfile
 

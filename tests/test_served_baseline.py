@@ -82,7 +82,7 @@ def timed(monkeypatch, tmp_path):
 
 def _time(candidate: str, baseline, smollm2_ref, study, seconds=None):
     return pipeline._timed_steps(smollm2_ref, {"model": candidate}, ((1, 2),), study, None, {"engine": "fake"}, [[1, 2, 3]],
-                                 lambda message: None, candidate, baseline=baseline, seconds=seconds)
+                                 lambda message: None, candidate, baseline=baseline, candidate=candidate, seconds=seconds)
 
 
 def test_the_timing_engines_start_up_counts_in_the_runs_engine_time(timed, smollm2_ref):
@@ -125,6 +125,9 @@ def test_each_candidate_is_timed_between_two_baseline_timings(timed, smollm2_ref
     assert [r[0].seconds_per_step * 1000 for r in baseline.repeats] == pytest.approx([38.0, 35.0, 36.0])
     alone, batched = baseline.median()
     assert alone.seconds_per_step == pytest.approx(0.036) and alone.repeats == 3 and batched.batch == 4
+    # each candidate keeps the two timings around its own: c1 between 38 and 35, c2 between 35 and 36
+    assert {name: [round(r[0].seconds_per_step * 1000, 6) for r in rows] for name, rows in baseline.beside.items()} == \
+        {"c1": [38.0, 35.0], "c2": [35.0, 36.0]}
 
     # read back from the cache: each entry keeps its two baseline timings; the shared one counts once
     again = pipeline.ServedBaseline(smollm2_ref, study, None, [[1, 2, 3]], lambda message: None)
@@ -133,7 +136,28 @@ def test_each_candidate_is_timed_between_two_baseline_timings(timed, smollm2_ref
         _time(name, again, smollm2_ref, study)
     assert len(log) == before  # nothing started, nothing timed
     assert [r[0].seconds_per_step for r in again.repeats] == [r[0].seconds_per_step for r in baseline.repeats]
-    assert again.median() == baseline.median()
+    assert again.median() == baseline.median() and again.beside == baseline.beside
+
+
+def test_a_candidate_timed_in_faster_minutes_than_the_runs_median_has_an_interval_down_to_its_own_baseline():
+    """EAGLE-3 k=1 on a 2-core EPYC: timed first, beside baselines of 30.2 and 32.7 ms per step, in a
+    run whose baseline's median was 36.5; verify measured 1.01× where the point said 1.21×. Divided
+    by the baseline beside it the speedup is the point × 31.45 / 36.5: the interval reaches there."""
+    from draftfit.spec_timing import reference_range
+
+    repeats = [[_timing(ms), _timing(ms + 2, batch=4)] for ms in (30.2, 32.7, 36.5, 37.0, 40.1)]
+    median = median_timings(repeats)
+    low, high = reference_range(median, repeats[:2], repeats, [1, 4, 16])
+    assert low[0] == pytest.approx(31.45 / 36.5) and low[1] == low[2] == pytest.approx(33.45 / 38.5)
+    assert list(high) == [1.0, 1.0, 1.0]
+    # timed in slower minutes: the interval reaches up instead
+    low, high = reference_range(median, repeats[3:], repeats, [1])
+    assert (low[0], high[0]) == pytest.approx((1.0, 38.55 / 36.5))
+    # timed with no baseline beside it: anywhere the baseline was timed
+    low, high = reference_range(median, [], repeats, [1])
+    assert (low[0], high[0]) == pytest.approx((30.2 / 36.5, 40.1 / 36.5))
+    # one baseline timing, on its own: nothing to widen by
+    assert [list(x) for x in reference_range(median_timings(repeats[:1]), [], repeats[:1], [1, 4])] == [[1.0, 1.0], [1.0, 1.0]]
 
 
 def test_a_cached_entry_keeps_its_baseline_where_both_engines_no_longer_fit(timed, smollm2_ref):
