@@ -142,20 +142,19 @@ def reference_range(median: Sequence[SpecStepTiming], beside: Sequence[Sequence[
         return ones, ones
     batches = np.array(sorted(typical), float)
     nearest = batches[np.abs(np.log(levels[:, None]) - np.log(batches[None, :])).argmin(axis=1)].astype(int)
-    rows = beside if beside else repeats
-    ratios = []
-    for batch in nearest:
-        seen = [t.seconds_per_step for r in rows for t in r if t.batch == batch]
-        mid = typical[int(batch)].seconds_per_step
-        if not seen or mid <= 0:
-            ratios.append((1.0, 1.0))
+    own = _by_batch(median_timings(beside))  # the pair's median, taken as the run's is
+    low, high = [], []
+    for batch in (int(b) for b in nearest):
+        mid = typical[batch].seconds_per_step
+        if mid <= 0:
+            seen = []
         elif beside:
-            ratios.append((statistics.median(seen) / mid,) * 2)
+            seen = [own[batch].seconds_per_step / mid] if batch in own else []
         else:
-            ratios.append((min(seen) / mid, max(seen) / mid))
-    low = np.minimum(1.0, [r[0] for r in ratios])
-    high = np.maximum(1.0, [r[1] for r in ratios])
-    return low, high
+            seen = [t.seconds_per_step / mid for r in repeats for t in r if t.batch == batch]
+        low.append(min(seen, default=1.0))
+        high.append(max(seen, default=1.0))
+    return np.minimum(1.0, low), np.maximum(1.0, high)
 
 
 def _mean_or_none(values: Sequence[float | None]) -> float | None:
