@@ -26,7 +26,8 @@ from typing import Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from draftfit.errors import DraftfitError
+from draftfit import bounded_yaml
+from draftfit.errors import DraftfitError, shown
 from draftfit.methods import CANDIDATE_METHODS, get_method
 
 MAX_K = 16
@@ -227,11 +228,14 @@ def _key(part: object) -> str:
 def _read_yaml(path: Path) -> object:
     if not path.is_file():
         raise DraftfitError("no such file", where=str(path), fix="Check the path (e.g. candidates/*.yaml)")
+    if path.stat().st_size > bounded_yaml.MAX_BYTES:
+        raise DraftfitError(f"is larger than {bounded_yaml.MAX_BYTES // 2**20} MiB; a candidate file is a few hundred bytes",
+                            where=str(path), fix="Pass a candidate .yaml file")
     raw = path.read_bytes()
     if b"\0" in raw[:8192]:
         raise DraftfitError("is a binary file, not YAML", where=str(path), fix="Pass a candidate .yaml file")
     try:
-        return yaml.safe_load(raw.decode("utf-8"))
+        return bounded_yaml.load(raw.decode("utf-8"), str(path))
     except UnicodeDecodeError as exc:
         raise DraftfitError("is not UTF-8 text", where=str(path), fix="Save the file as UTF-8") from exc
     except yaml.YAMLError as exc:
@@ -280,7 +284,7 @@ def load_candidates(paths: list[str | Path]) -> tuple[list[Candidate], dict]:
         for key, value in (block or {}).items():
             if key in study and study[key] != value:
                 raise DraftfitError(
-                    f"study.{key} = {value!r} disagrees with another candidate file ({study[key]!r})",
+                    f"study.{key} = {shown(value)} disagrees with another candidate file ({shown(study[key])})",
                     where=str(path),
                     fix="Keep study settings in one --study file, or make them agree",
                 )
@@ -324,11 +328,13 @@ def check_inputs(
     from draftfit.prompts.loading import DEMO_PROMPTS, load_prompts
     from draftfit.refs import metadata_dir, model_dir, resolve
 
-    if study.gpu:
+    if study.gpu or gpu_catalog:  # a catalog file is read (and refused if broken) even where no --gpu uses it
         from draftfit.hardware import load_catalog, parse_hardware
 
-        parse_hardware(f"{study.gpu_count}x {study.gpu}", catalog=load_catalog(gpu_catalog),
-                       tensor_parallel_size=study.tensor_parallel_size)
+        catalog = load_catalog(gpu_catalog)
+        if study.gpu:
+            parse_hardware(f"{study.gpu_count}x {study.gpu}", catalog=catalog,
+                           tensor_parallel_size=study.tensor_parallel_size)
     specs = {c.target for c in candidates}
     specs |= {c.draft.model for c in candidates if get_method(c.draft.method).scores_model and c.draft.model}
     for spec in sorted(specs):

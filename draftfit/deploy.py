@@ -37,6 +37,7 @@ from draftfit.vllm_versions import (
     PER_BATCH_SIZE_K,
     installed_vllm_version,
     parse_version,
+    proposer_takes_k_schedule,
     unknown_version_reason,
 )
 
@@ -275,15 +276,27 @@ def vllm_command(
     schedule = spec.per_batch_size
     k = spec.num_speculative_tokens
     if schedule is not None:
-        if v >= PER_BATCH_SIZE_K:
-            # vLLM clips every scheduled k to num_speculative_tokens, so the cap is the largest k.
-            k = max(r[2] for r in schedule)
-        else:
+        if v < PER_BATCH_SIZE_K:
             notes.append(
                 f"vLLM {version} has no per-batch-size k (needs ≥ 0.24): fixed k={k} at every "
                 "batch size; see the schedule for where speculation stops paying."
             )
             schedule = None
+        else:
+            takes_schedule, how = proposer_takes_k_schedule(method.proposer_module, version)
+            if not takes_schedule:
+                # A proposer that asserts its built k kills the engine at the first step whose
+                # scheduled k differs (once the batch reaches the next range): serve one k.
+                notes.append(
+                    f"fixed k={k} at every batch size: vLLM {version}'s {spec.method} proposer asserts the k "
+                    f"it was built with ({how}), so rank's k schedule {schedule_text(schedule)} cannot be "
+                    "served (it stops the engine once the batch reaches its second range); the predictions "
+                    "for levels where that schedule changes k do not apply to this command."
+                )
+                schedule = None
+            else:
+                # vLLM clips every scheduled k to num_speculative_tokens, so the cap is the largest k.
+                k = max(r[2] for r in schedule)
 
     draft_tp = spec.draft_tensor_parallel_size
     if method.draft_tp_is_target_tp:

@@ -56,19 +56,31 @@ def derived_dir(target_fingerprint: str, n_layers: int) -> Path:
     return cache_subdir("derived") / f"{target_fingerprint}-first{int(n_layers)}"
 
 
-def first_layers(target: ModelRef | str | Path, n_layers: int) -> DerivedDraft:
-    """The target's first ``n_layers`` decoder layers as a model of its own (cached)."""
-    ref = target if isinstance(target, ModelRef) else resolve(str(target))
-    source = model_dir(ref)
-    config = json.loads((source / "config.json").read_text(encoding="utf-8"))
-    layer_key, total = _layer_count(config, source)
-    n_layers = int(n_layers)
-    if not 1 <= n_layers < total:
+def check_first_layers(ref: ModelRef, n_layers: int) -> int:
+    """The target's layer count, once its config.json (read without converting any weights) is
+    well formed and ``1 <= n_layers <`` that count; one line with the fix otherwise."""
+    from draftfit.compat.files import read_config
+    from draftfit.refs import metadata_dir
+
+    meta = ref.path if ref.kind == "dir" else metadata_dir(ref)  # a directory's own config, tokenizer or not
+    _, total = _layer_count(read_config(meta / "config.json"), meta)
+    if not 1 <= int(n_layers) < total:
         raise DraftfitError(
             f"first-layers draft needs 1 <= N < {total} (the target has {total} layers), got {n_layers}",
             where=ref.spec,
             fix=f"Pick N between 1 and {total - 1}",
         )
+    return total
+
+
+def first_layers(target: ModelRef | str | Path, n_layers: int) -> DerivedDraft:
+    """The target's first ``n_layers`` decoder layers as a model of its own (cached)."""
+    ref = target if isinstance(target, ModelRef) else resolve(str(target))
+    check_first_layers(ref, n_layers)
+    source = model_dir(ref)
+    config = json.loads((source / "config.json").read_text(encoding="utf-8"))
+    layer_key, total = _layer_count(config, source)
+    n_layers = int(n_layers)
     target_fp = fingerprint(ref)
     final = derived_dir(target_fp, n_layers)
     meta = _whole(final)

@@ -38,3 +38,9 @@ def error_line(exc: BaseException) -> str:
     line of its message."""
     text = str(exc).strip()
     return f"{type(exc).__name__}: {text.splitlines()[0] if text else ''}"
+
+
+def shown(value: object, limit: int = 80) -> str:
+    """``repr(value)`` cut to ``limit`` characters, for error messages."""
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit] + f"… ({len(text):,} characters)"

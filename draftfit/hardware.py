@@ -114,8 +114,10 @@ def _pydantic_where(exc: ValidationError) -> tuple[str, str]:
 
 
 def _read_catalog_file(text: str, origin: str) -> list[GPU]:
+    from draftfit import bounded_yaml
+
     try:
-        raw = yaml.safe_load(text)
+        raw = bounded_yaml.load(text, origin)
     except yaml.YAMLError as exc:
         raise DraftfitError(
             f"not valid YAML ({exc.__class__.__name__})",
@@ -170,8 +172,15 @@ def load_catalog(user_file: str | Path | None = None) -> GpuCatalog:
     gpus = {_norm_name(g.name): g for g in _read_catalog_file(builtin, "draftfit/data/gpus.yaml")}
     if user_file is not None:
         path = Path(user_file)
+        from draftfit import bounded_yaml
+
         try:
+            if path.stat().st_size > bounded_yaml.MAX_BYTES:
+                raise DraftfitError(f"is larger than {bounded_yaml.MAX_BYTES // 2**20} MiB; a GPU catalog is a few kilobytes",
+                                    where=str(path), fix="Pass the GPU catalog YAML file itself")
             text = path.read_text(encoding="utf-8")
+        except UnicodeDecodeError as exc:
+            raise DraftfitError("is not UTF-8 text", where=str(path), fix="Save the GPU catalog as UTF-8") from exc
         except OSError as exc:
             raise DraftfitError(
                 f"cannot read GPU catalog file ({exc.strerror or exc})",

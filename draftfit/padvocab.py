@@ -22,7 +22,9 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
+from draftfit.compat.files import read_config, text_config_value
 from draftfit.errors import DraftfitError
+from draftfit.outputs import check_output_dir, refuse_overlap, write_dir
 from draftfit.refs import COMPANION_FILES, ModelRef, metadata_dir, model_dir
 
 
@@ -56,8 +58,8 @@ def pad_vocab(ref: ModelRef, to: int, output: Path, *, trust_remote_code: bool =
     # the sizes are checked on the tokenizer and config files, before any weights are converted,
     # and errors name the reference the user gave
     meta = metadata_dir(ref, trust_remote_code=trust_remote_code)
-    config = json.loads((meta / "config.json").read_text())
-    old = int(config.get("vocab_size") or config.get("text_config", {}).get("vocab_size", 0))
+    config = read_config(meta / "config.json")
+    old = int(text_config_value(config, "vocab_size") or 0)
     length = tokenizer_length(meta)
     if to < length:
         raise DraftfitError(
@@ -75,12 +77,9 @@ def pad_vocab(ref: ModelRef, to: int, output: Path, *, trust_remote_code: bool =
         raise DraftfitError(
             f"the draft already has vocab_size {old}", where=ref.spec, fix="Nothing to pad; use the draft as it is"
         )
-    output = Path(output)
-    if output.exists() and any(output.iterdir()):
-        if not force:
-            raise DraftfitError("output directory exists and is not empty", where=str(output), fix="Pick a new -o DIR or pass --force")
-        shutil.rmtree(output)
+    output = check_output_dir(Path(output), inputs=[None if ref.kind == "hub" else ref.path, meta], force=force)
     source = model_dir(ref, trust_remote_code=trust_remote_code)  # the weights, converted once where needed
+    refuse_overlap(output, [source])
 
     try:
         import torch
@@ -88,35 +87,35 @@ def pad_vocab(ref: ModelRef, to: int, output: Path, *, trust_remote_code: bool =
     except ImportError as exc:
         raise DraftfitError("pad-vocab needs torch and transformers", fix="pip install 'draftfit[hf]'") from exc
 
-    model = transformers.AutoModelForCausalLM.from_pretrained(
-        str(source), dtype="auto", trust_remote_code=trust_remote_code
-    )
     unk = _unknown_token_id(source)
     copied = unk if unk is not None and unk < old else 0
-    embeddings = model.get_input_embeddings()
-    head = model.get_output_embeddings()
-    tied = head is not None and head.weight.data_ptr() == embeddings.weight.data_ptr()
-    model.resize_token_embeddings(to, mean_resizing=False)
-    with torch.no_grad():
+
+    def build(tmp: Path) -> None:
+        model = transformers.AutoModelForCausalLM.from_pretrained(
+            str(source), dtype="auto", trust_remote_code=trust_remote_code
+        )
         embeddings = model.get_input_embeddings()
-        embeddings.weight[old:] = embeddings.weight[copied]
         head = model.get_output_embeddings()
-        if head is not None and not tied:
-            head.weight[old:] = head.weight[copied]
-            if getattr(head, "bias", None) is not None:
-                head.bias[old:] = head.bias[copied]
-    model.config.vocab_size = to
-    tmp = output.with_name(f".{output.name}.partial")
-    shutil.rmtree(tmp, ignore_errors=True)
-    model.save_pretrained(str(tmp))
-    for name in COMPANION_FILES:
-        if (source / name).is_file():
-            shutil.copy2(source / name, tmp / name)
-    (tmp / "draftfit-padded.json").write_text(
-        json.dumps({"source": str(source), "old_vocab_size": old, "vocab_size": to, "copied_row": copied}, indent=2)
-    )
-    output.parent.mkdir(parents=True, exist_ok=True)
-    tmp.replace(output)
+        tied = head is not None and head.weight.data_ptr() == embeddings.weight.data_ptr()
+        model.resize_token_embeddings(to, mean_resizing=False)
+        with torch.no_grad():
+            embeddings = model.get_input_embeddings()
+            embeddings.weight[old:] = embeddings.weight[copied]
+            head = model.get_output_embeddings()
+            if head is not None and not tied:
+                head.weight[old:] = head.weight[copied]
+                if getattr(head, "bias", None) is not None:
+                    head.bias[old:] = head.bias[copied]
+        model.config.vocab_size = to
+        model.save_pretrained(str(tmp))
+        for name in COMPANION_FILES:
+            if (source / name).is_file():
+                shutil.copy2(source / name, tmp / name)
+        (tmp / "draftfit-padded.json").write_text(
+            json.dumps({"source": str(source), "old_vocab_size": old, "vocab_size": to, "copied_row": copied}, indent=2)
+        )
+
+    write_dir(output, build)
     return PadResult(output, old, to, length, copied)
 
 

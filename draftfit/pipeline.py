@@ -27,6 +27,7 @@ import numpy as np
 from draftfit import results as results_mod
 from draftfit.cachedir import read_checked_json, write_checked_json
 from draftfit.candidates import Candidate, StudySettings
+from draftfit.compat.files import read_config
 from draftfit.errors import DraftfitError, error_line
 from draftfit.faults import engine_failure, fault_point
 from draftfit.methods import AcceptanceInputs, PlanContext, PlannedDraft, get_method
@@ -493,12 +494,15 @@ class RankRun:
     references: dict = field(default_factory=dict)  # candidate → its speedup interval's factors for the baseline (reference_range)
     show_prompts: bool = False  # prompt text in warnings and progress lines (off: row numbers only)
     trust_remote_code: bool = False  # let model repositories run their own code
+    _target: tuple | None = field(default=None, repr=False)  # preflight's answer
 
-    def run(self) -> tuple[results_mod.Results, Path]:
-        start = time.perf_counter()
+    def preflight(self) -> tuple[ModelRef, Path, dict]:
+        """The run's own input checks, before its folder is made or any engine starts: the GPU, the
+        engine, one target, a target draftfit can size and a layout vLLM accepts. Returns the target's
+        reference, metadata directory and config (kept for :meth:`run`)."""
+        if self._target is not None:
+            return self._target
         study = self.study
-        run_id = self.run_id or results_mod.new_run_id()
-        out_dir = self.reports_root / run_id
         self.hardware = self._hardware()  # an unknown GPU fails here, before any engine starts
         from draftfit.engines import engine_class
 
@@ -515,7 +519,7 @@ class RankRun:
             )
         target_ref = resolve(targets[0])
         target_meta = metadata_dir(target_ref, trust_remote_code=self.trust_remote_code)
-        target_config = json.loads((target_meta / "config.json").read_text())
+        target_config = read_config(target_meta / "config.json")
         # combinations vLLM refuses, and a target of a family draftfit cannot size, fail here, before any engine starts
         from draftfit.hardware import refuse_unsized
         from draftfit.parallelism import engine_parallelism
@@ -527,8 +531,20 @@ class RankRun:
         refusal = refusal or engine_layout.engine_refusal()
         if refusal:
             raise DraftfitError(refusal, where="parallelism")
-        if layout_note:
+        if layout_note and layout_note not in self.warnings:
             self.warnings.append(layout_note)
+        self._target = (target_ref, target_meta, target_config)
+        return self._target
+
+    def run(self) -> tuple[results_mod.Results, Path]:
+        start = time.perf_counter()
+        study = self.study
+        run_id = self.run_id or results_mod.new_run_id()
+        out_dir = self.reports_root / run_id
+        target_ref, target_meta, target_config = self.preflight()
+        from draftfit.parallelism import engine_parallelism
+
+        engine_layout, _ = engine_parallelism(study.parallelism)
 
         self.progress("checking target/draft pairs")
         planning = time.perf_counter()

@@ -53,6 +53,9 @@ class Results(BaseModel):
     recommendation: dict[str, Any] | None = None
     deploy: dict[str, Any] | None = None
     measured: list[MeasuredEntry] = []
+    # verify's runs that measured nothing (the engine did not start or died, no request completed):
+    # labelled kind "failed", kept apart from ``measured`` so no table or figure reads them as measurements
+    measurement_failures: list[dict[str, Any]] = []
     warnings: list[str] = []
 
 
@@ -120,7 +123,14 @@ def load(path: str | os.PathLike) -> Results:
         raise DraftfitError(f"not a valid JSON results file ({exc})", where=str(path), fix="Re-run `draftfit rank`") from exc
     if not isinstance(data, dict) or "schema_version" not in data:
         raise DraftfitError("not a draftfit results file (no schema_version)", where=str(path), fix="Pass a results.json written by `draftfit rank`")
-    if data["schema_version"] == 1:
+    version = data["schema_version"]
+    if isinstance(version, bool) or not isinstance(version, int):
+        raise DraftfitError(
+            f"schema_version is {str(repr(version))[:40]} ({type(version).__name__}), not a whole number: not a results file "
+            "draftfit wrote", where=str(path),
+            fix="Restore the file from the run folder, or re-run `draftfit rank`",
+        )
+    if version == 1:
         data = migrate_v1(data)
     if data["schema_version"] != SCHEMA_VERSION:
         raise DraftfitError(

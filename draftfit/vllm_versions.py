@@ -3,6 +3,8 @@ rules), as version tuples. See the project's reference facts for the history."""
 
 from __future__ import annotations
 
+import re
+
 from draftfit.errors import DraftfitError
 
 # The oldest release draftfit's rules cover: the reference facts' first row is "≤ 0.8.1: separate
@@ -72,3 +74,42 @@ def parse_version(version: str) -> tuple[int, int, int]:
             fix="Pass --vllm-version as X.Y.Z, e.g. 0.32.0",
         ) from exc
     return tuple((list(release) + [0, 0, 0])[:3])  # type: ignore[return-value]
+
+
+# vLLM 0.32.0's proposers (modules of vllm/v1/spec_decode/) whose propose() asserts the k they were
+# built with (`assert num_speculative_tokens == self.num_speculative_tokens`, or `== self.k`), read in
+# the installed 0.32.0 source: served with a k schedule they kill the engine at the first step whose
+# k differs (AssertionError → EngineDeadError). The others (llm_base_proposer: draft models, EAGLE,
+# EAGLE-3, MTP; ngram_proposer asserts `<=`) take the scheduled k.
+FIXED_K_PROPOSERS_0_32 = frozenset({"suffix_decoding", "medusa", "ngram_proposer_gpu", "extract_hidden_states"})
+_ASSERTS_FIXED_K = re.compile(r"assert\s+num_speculative_tokens\s*==\s*self\.(?:num_speculative_tokens|k)\b")
+
+
+def _proposer_source(module: str) -> str | None:
+    """The installed vLLM's ``v1/spec_decode/<module>.py``, read without importing vLLM."""
+    from importlib.util import find_spec
+    from pathlib import Path
+
+    try:
+        spec = find_spec("vllm")
+    except (ImportError, ValueError):
+        return None
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    path = Path(next(iter(spec.submodule_search_locations))) / "v1" / "spec_decode" / f"{module}.py"
+    try:
+        return path.read_text(encoding="utf-8")
+    except OSError:
+        return None
+
+
+def proposer_takes_k_schedule(module: str, version: str) -> tuple[bool, str]:
+    """Whether vLLM ``version``'s proposer ``module`` lets the k change from step to step (a k schedule
+    by batch size), and how that is known: read in the installed source when it is that version, else
+    as 0.32.0's source has it."""
+    installed = installed_vllm_version()
+    if installed and parse_version(installed) == parse_version(version):
+        source = _proposer_source(module)
+        if source is not None:
+            return not _ASSERTS_FIXED_K.search(source), f"read in the installed vLLM {installed}'s v1/spec_decode/{module}.py"
+    return module not in FIXED_K_PROPOSERS_0_32, f"as vLLM 0.32.0's v1/spec_decode/{module}.py has it"

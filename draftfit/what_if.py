@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from draftfit.compat.files import read_config
 from draftfit.errors import DraftfitError
 from draftfit.hardware import checkpoint_quantization
 
@@ -166,10 +167,38 @@ def model_config(spec: str, *, trust_remote_code: bool = False) -> tuple[dict[st
             raise DraftfitError("no config.json", where=spec, fix="Point at a directory holding the model's config.json")
     else:
         path = metadata_dir(ref, trust_remote_code=trust_remote_code) / "config.json"
-    try:
-        return json.loads(path.read_text(encoding="utf-8")), ref.name
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise DraftfitError(f"config.json is not readable JSON ({exc})", where=spec, fix="Fix or replace config.json") from exc
+    return read_config(path), ref.name
+
+
+def refuse_request(target_config: dict[str, Any], *, ks: Sequence[int] | None, input_len: int, output_len: int,
+                   max_model_len: int | None, tensor_parallel_size: int, target: str) -> int:
+    """What vLLM (and rank) refuse before a what-if is worth printing, in vLLM's words; returns the
+    context length. The same gates as rank's: its k cap, the layout's refusal, the context."""
+    from draftfit.candidates import MAX_K
+    from draftfit.parallelism import Parallelism
+
+    bad = [k for k in ks or () if not 1 <= int(k) <= MAX_K]
+    if bad:
+        raise DraftfitError(f"--k {bad[0]} is outside 1–{MAX_K}, the speculative tokens rank predicts for",
+                            fix=f"Use k between 1 and {MAX_K}, e.g. --k 3,4,5")
+    refusal = Parallelism(tensor_parallel_size=tensor_parallel_size).target_refusal(target_config, what=target)
+    if refusal:
+        raise DraftfitError(refusal, where="parallelism")
+    derived = target_config.get("max_position_embeddings")
+    if max_model_len is not None and derived is not None and max_model_len > int(derived) and not target_config.get("rope_scaling"):
+        raise DraftfitError(f"vLLM refuses it: \"User-specified max_model_len ({max_model_len}) is greater than the derived "
+                            f"max_model_len (max_position_embeddings={derived})\"", where=target,
+                            fix=f"Use --max-model-len {derived} or less")
+    max_len = int(max_model_len or derived or input_len + output_len)
+    if input_len >= max_len:
+        raise DraftfitError(f"vLLM refuses it: \"The decoder prompt (length {input_len}) is longer than the maximum model "
+                            f"length of {max_len}.\"", where="--input-len", fix=f"Use --input-len below {max_len}")
+    if input_len + output_len > max_len:
+        raise DraftfitError(f"vLLM refuses it: \"This model's maximum context length is {max_len} tokens. However, you "
+                            f"requested {input_len + output_len} tokens ({input_len} in the messages, {output_len} in the "
+                            "completion).\"", where="--input-len/--output-len",
+                            fix=f"Keep --input-len + --output-len ≤ {max_len} (or raise --max-model-len)")
+    return max_len
 
 
 def unmodelled_quantization(config: dict[str, Any]) -> str | None:
@@ -259,6 +288,8 @@ def predict_what_if(
                             fix="Add --draft DRAFT (or --method ngram), or drop them for the baseline")
 
     target_config, target_name = model_config(target, trust_remote_code=trust_remote_code)
+    max_len = refuse_request(target_config, ks=ks, input_len=input_len, output_len=output_len, max_model_len=max_model_len,
+                             tensor_parallel_size=tensor_parallel_size, target=target)
     target_shape = ModelShape.from_config(target_config, name=target_name)
     target_dtype = weight_dtype(target_config)
     # vLLM's kv_cache_dtype "auto" is the activation dtype (bf16 here), not the weights' quantization
@@ -266,7 +297,6 @@ def predict_what_if(
     tp = hardware.tensor_parallel_size
     constants = gpu_constants(hardware.gpu.name)
     target_step = GpuStepTime(hardware.gpu, target_shape, constants, tp, target_dtype, kv_dtype)
-    max_len = int(max_model_len or target_config.get("max_position_embeddings") or input_len + output_len)
     levels = tuple(sorted(set(int(c) for c in concurrency)))
     notes: list[str] = [calibration_note(constants, concurrency=max(concurrency), tensor_parallel_size=tp)]
     mxfp4 = mxfp4_layout(hardware.gpu.arch)
@@ -283,6 +313,11 @@ def predict_what_if(
             notes.append(f"acceptance: {acceptance.how}; measured per-position rates give better predictions at other k")
         if draft is not None:
             draft_config, draft_name = model_config(draft, trust_remote_code=trust_remote_code)
+            from draftfit.parallelism import Parallelism
+
+            refusal = Parallelism(tensor_parallel_size=tensor_parallel_size).draft_refusal(spec_method, draft_config, None)
+            if refusal:
+                raise DraftfitError(refusal, where=draft)
             draft_shape = spec_method.draft_shape(draft_config, draft_name)
             draft_dtype = weight_dtype(draft_config)
             notes += quantization_notes("draft", draft_config, draft_dtype, mxfp4) + draft_shape.unmodelled_state_note("draft")

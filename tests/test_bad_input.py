@@ -100,6 +100,18 @@ def _huge_line(path: Path) -> None:
         handle.write(b'"}\n')
 
 
+def _laughs() -> str:
+    """A YAML "billion laughs": nine levels of nine aliases, 9**8 strings once expanded."""
+    levels, prev = ['&a ["lol","lol","lol","lol","lol","lol","lol","lol","lol"]'], "a"
+    for name in "bcdefgh":
+        levels.append(f"&{name} [" + ",".join([f"*{prev}"] * 9) + "]")
+        prev = name
+    return "[" + ", ".join(levels) + "]"
+
+
+LAUGHS_VALUE = _laughs() + "\n"
+LAUGHS = "study:\n  seed: " + LAUGHS_VALUE
+
 CASES: dict[str, Case] = {
     # candidate files
     "yaml syntax error": Case(RANK, ["{cand}", "line 4: YAML syntax error", "Fix the YAML syntax"],
@@ -202,13 +214,40 @@ CASES: dict[str, Case] = {
     "results binary (report)": Case(["report", "{results}"], ["{results}", "not a valid JSON results file", "Re-run `draftfit rank`"],
                                     {"results": b"\x00\xff" * 100}),
     "results missing (report)": Case(["report", "{tmp}/nope/results.json"], ["results.json", "no such file", "Pass the results.json"]),
+    # hostile YAML: billion laughs in the study block, huge values in a disagreement
+    "YAML alias bomb": Case(["rank", "{cand}", "{cand2}"], ["{cand}", "expands to more than 100,000 values", "Write the settings out"],
+                            {"cand": candidate(extra=LAUGHS), "cand2": candidate(extra=LAUGHS.replace("lol", "lul")).replace("name: c", "name: d")}),
+    "YAML alias bomb in a GPU catalog": Case([*RANK, "--gpu", "H100 SXM", "--gpu-catalog", "{catalog}"],
+                                             ["{catalog}", "expands to more than 100,000 values", "Write"], {"catalog": "gpus: " + LAUGHS_VALUE}),
+    "study settings disagree with a huge value": Case(["rank", "{cand}", "{cand2}"],
+                                                      ["{cand2}", "study.concurrency = [1, 4] disagrees", "characters)", "Keep study settings"],
+                                                      {"cand": candidate(extra=f"study: {{concurrency: {list(range(20000))}}}\n"),
+                                                       "cand2": candidate(extra="study: {concurrency: [1, 4]}\n").replace("name: c", "name: d")}),
+    # wrong-shaped configs: one validation for check, predict and rank
+    "check: vocab_size not a number": Case(["check", "{badvocab}", "{target}"],
+                                           ["{badvocab}/config.json", "vocab_size is 'lots', not a positive whole number", "Fix or re-download"]),
+    "check: config.json a list": Case(["check", "{listcfg}", "{target}"],
+                                      ["{listcfg}/config.json", "expected a JSON object, found list", "Re-download"]),
+    "check: hidden_size negative": Case(["check", "{negcfg}", "{target}"], ["{negcfg}/config.json", "hidden_size is -5", "Fix"]),
+    "rank: hidden_size negative": Case(RANK, ["{negcfg}/config.json", "hidden_size is -5", "Fix"], {"cand": candidate(target="{negcfg}")}),
+    "predict: hidden_size negative": Case(["predict", "{negcfg}", "--gpu", "H100 SXM"], ["{negcfg}/config.json", "hidden_size is -5", "Fix"]),
+    "predict: TP not dividing the heads": Case(["predict", "smollm2", "--gpu", "H100 SXM", "--tensor-parallel-size", "2"],
+                                               ["Total number of attention heads (9) must be divisible by tensor parallel size (2)",
+                                                "Use a --tensor-parallel-size that divides 9"]),
+    "predict: k above rank's cap": Case(["predict", "smollm2", "--method", "ngram", "--acceptance-length", "2", "--gpu", "H100 SXM",
+                                         "--k", "1000"], ["--k 1000 is outside 1–16", "Use k between 1 and 16"]),
+    "predict: input beyond the context": Case(["predict", "smollm2", "--gpu", "H100 SXM", "--input-len", "1000000000"],
+                                              ["The decoder prompt (length 1000000000) is longer than the maximum model length of 8192",
+                                               "Use --input-len below 8192"]),
+    "predict: context beyond the model's": Case(["predict", "smollm2", "--gpu", "H100 SXM", "--max-model-len", "100000"],
+                                                ["max_model_len", "100000", "8192"]),
     # check
     # check compares a directory without config.json (tests/test_cli_check.py), rank refuses it (above)
     "check: binary file as a model": Case(["check", "{blob}", "{target}"], ["{blob}", "is a file but not a model", "Pass the model's directory"],
                                           {"blob": b"\x7fELF\x00\x00" * 10}),
 }
 
-SUFFIX = {"cand": "c.yaml", "study": "study.yaml", "prompts": "prompts.jsonl", "prompts_csv": "prompts.csv",
+SUFFIX = {"cand": "c.yaml", "cand2": "c2.yaml", "study": "study.yaml", "prompts": "prompts.jsonl", "prompts_csv": "prompts.csv",
           "catalog": "gpus.yaml", "results": "results.json", "blob": "model.bin"}
 
 
@@ -216,7 +255,12 @@ SUFFIX = {"cand": "c.yaml", "study": "study.yaml", "prompts": "prompts.jsonl", "
 def models(bpe, tmp_path_factory) -> dict[str, str]:
     root = tmp_path_factory.mktemp("bad-input-models")
     (root / "empty").mkdir()
+    shaped = {"badvocab": {"vocab_size": "lots"}, "negcfg": {"hidden_size": -5}}
+    for name, change in shaped.items():
+        tf.edit_json(model_dir(root / name, bpe) / "config.json", lambda c, change=change: c.update(change))
+    (model_dir(root / "listcfg", bpe) / "config.json").write_text("[1, 2]")
     return {
+        **{name: str(root / name) for name in [*shaped, "listcfg"]},
         "target": str(model_dir(root / "target", bpe)),
         "tokonly": str(model_dir(root / "tokonly", bpe, weights=False)),
         "noconfig": str(model_dir(root / "noconfig", bpe, config=False)),
@@ -263,6 +307,7 @@ def test_bad_input_is_one_line_with_the_fix_and_writes_nothing(name, models, tmp
     assert result.stderr.rstrip("\n").endswith(errors[0]), "the error is the last thing printed, on one line"
     error = errors[0]
     assert "Traceback" not in result.output and "unexpected" not in error
+    assert len(error) < 1500, f"a line a terminal can show, not {len(error):,} characters"
     position = 0
     for text in (fill(t, names) for t in case.expect):
         found = error.find(text, position)

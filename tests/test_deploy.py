@@ -335,3 +335,46 @@ def test_emitted_schedule_passes_installed_validation():
     assert (
         lookup[1] == 4 and lookup[6] == 4 and lookup[7] == 3 and lookup[22] == 3 and lookup[23] == 0
     )
+
+
+# --- a k schedule only for proposers that let k change at run time --------------------------------
+
+SWITCHING = ((1, 2, 3), (3, 1024, 1))
+
+
+@pytest.mark.parametrize(("method", "extra", "keeps"), [
+    ("suffix", {}, False),
+    ("ngram", {"prompt_lookup_min": 2, "prompt_lookup_max": 4}, True),
+    ("draft_model", {"model": DRAFT}, True),
+])
+@pytest.mark.parametrize("version", ["0.32.0", "0.30.0"])
+def test_a_schedule_is_emitted_only_where_the_proposer_takes_it(method, extra, keeps, version):
+    """vLLM 0.32's suffix proposer asserts the k it was built with: served with a schedule it dies
+    once the batch reaches the second range. Its command carries the fixed k of the recommendation."""
+    spec = SpecConfig(method=method, num_speculative_tokens=3, per_batch_size=SWITCHING, **extra)
+    command = vllm_command(TARGET, spec, version)
+    cfg = spec_json(command)
+    assert ("num_speculative_tokens_per_batch_size" in cfg) is keeps
+    assert cfg["num_speculative_tokens"] == 3
+    if not keeps:
+        assert any("asserts the k it was built with" in note and "3-1024:1" in note for note in command.notes)
+
+
+def test_the_fixed_k_proposers_are_read_in_the_installed_source():
+    """The table used for versions other than the installed one agrees with the installed source."""
+    from draftfit.vllm_versions import (
+        FIXED_K_PROPOSERS_0_32,
+        _proposer_source,
+        proposer_takes_k_schedule,
+    )
+
+    installed = installed_vllm_version()
+    if installed is None or parse_version(installed) != (0, 32, 0):
+        pytest.skip("the table is of vLLM 0.32.0's source")
+    spec_decode = Path(_vllm_file("v1/spec_decode/suffix_decoding.py")).parent
+    for path in sorted(spec_decode.glob("*.py")):
+        module = path.stem
+        assert _proposer_source(module) is not None
+        takes, how = proposer_takes_k_schedule(module, installed)
+        assert "installed" in how
+        assert takes is (module not in FIXED_K_PROPOSERS_0_32), module

@@ -292,6 +292,8 @@ def test_a_family_whose_layers_are_not_described_is_refused_not_sized(tmp_path, 
     target = tmp_path / "longcat"
     shutil.copytree(smollm2_meta, target)
     (target / "config.json").write_text(json.dumps(lite))
+    # the refusal comes before any weight is read; the placeholder keeps "no weights" from coming first
+    (target / "model.safetensors").write_bytes(b"placeholder weights: never loaded here")
     (tmp_path / "c.yaml").write_text(f"name: ng\ntarget: {target}\ndraft: {{method: ngram}}\nk: [2]\n")
     start = time.perf_counter()
     result = CliRunner().invoke(cli, ["rank", str(tmp_path / "c.yaml"), "--reports-dir", str(tmp_path / "reports")])

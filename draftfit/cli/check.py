@@ -120,7 +120,9 @@ def _check_head(target: str, draft: str, method: str, ks: list[int], max_model_l
     from draftfit.refs import metadata_dir, model_dir, resolve
 
     def config_of(spec: str) -> dict:
-        return json.loads((metadata_dir(resolve(spec), trust_remote_code=trust_remote_code) / "config.json").read_text(encoding="utf-8"))
+        from draftfit.compat.files import read_config
+
+        return read_config(metadata_dir(resolve(spec), trust_remote_code=trust_remote_code) / "config.json")
 
     draft_config = config_of(draft)
     # MTP layers are read where they are carried: the checkpoint served as the target (a Gemma 4

@@ -39,12 +39,13 @@ def engine_output_to(log_path: Path, *, debug: bool) -> Iterator[object]:
     if debug or not _real_stderr():
         yield sys.stderr
         return
-    log_path.parent.mkdir(parents=True, exist_ok=True)
+    from draftfit.outputs import open_log
+
+    log = open_log(log_path)  # closed below, after the descriptors are back; never through a link
     sys.stdout.flush()
     sys.stderr.flush()
     saved = {fd: os.dup(fd) for fd in (1, 2)}
     terminal = os.fdopen(os.dup(saved[2]), "w", buffering=1)
-    log = open(log_path, "a", buffering=1)  # noqa: SIM115 - closed below, after the descriptors are back
     failed = False
     try:
         for fd in (1, 2):
@@ -68,7 +69,7 @@ def engine_output_to(log_path: Path, *, debug: bool) -> Iterator[object]:
             lines = log_path.read_text(errors="replace").splitlines()[-TAIL_LINES:]
             if lines:
                 terminal.write("".join(f"  | {line}\n" for line in lines))
-            terminal.write(f"engine and library output: {log_path}\n")
+                terminal.write(f"engine and library output: {log_path}\n")
         terminal.close()
 
 

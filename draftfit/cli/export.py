@@ -15,7 +15,7 @@ from draftfit.cli.options import trust_remote_code
               help="Where to write the model (a new or empty directory).")
 @click.option("--first-layers", type=click.IntRange(min=1), metavar="N",
               help="Export the model's first N decoder layers (an early-exit draft, as a candidate's `derived`).")
-@click.option("--force", is_flag=True, help="Replace a non-empty output directory.")
+@click.option("--force", is_flag=True, help="Replace an output directory draftfit wrote before (never a directory it did not write).")
 @trust_remote_code
 def export(model: str, output: Path, first_layers: int | None, force: bool, trust_remote_code: bool) -> None:
     """Write MODEL as a Hugging Face directory that `vllm serve` loads.

@@ -20,12 +20,20 @@ from draftfit.candidates import StudySettings
 Decorator = Callable[[Callable[..., Any]], Callable[..., Any]]
 
 
+def comma_parts(value: str) -> list[str]:
+    """``"1, 4,8"`` → ``["1", "4", "8"]``; an empty part (``"1,,2"``, a trailing comma) is a typo: ValueError, as for a part that is no number."""
+    parts = value.replace(" ", "").split(",")
+    if not all(parts):
+        raise ValueError(f"{value!r} has an empty item")
+    return parts
+
+
 def int_list(ctx: click.Context | None, param: click.Parameter | None, value: str | None) -> tuple[int, ...] | None:
     """``"1,4,8"`` → ``(1, 4, 8)``: whole numbers ≥ 1, separated by commas."""
     if value is None:
         return None
     try:
-        numbers = tuple(int(part) for part in value.replace(" ", "").split(",") if part)
+        numbers = tuple(int(part) for part in comma_parts(value))
     except ValueError:
         raise click.BadParameter(f"{value!r}: give whole numbers separated by commas, e.g. 1,4,8") from None
     if not numbers or min(numbers) < 1:

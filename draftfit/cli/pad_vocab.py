@@ -15,7 +15,7 @@ from draftfit.cli.options import trust_remote_code
               help="New vocab_size: the target's config.json vocab_size.")
 @click.option("-o", "--output", type=click.Path(file_okay=False, path_type=Path), required=True,
               metavar="DIR", help="Where to write the padded copy (a new or empty directory).")
-@click.option("--force", is_flag=True, help="Replace a non-empty output directory.")
+@click.option("--force", is_flag=True, help="Replace an output directory draftfit wrote before (never a directory it did not write).")
 @trust_remote_code
 def pad_vocab(draft: str, to: int, output: Path, force: bool, trust_remote_code: bool) -> None:
     """Write a copy of DRAFT whose embedding and LM-head rows are padded to N.

@@ -4,16 +4,19 @@ from __future__ import annotations
 
 import click
 
-from draftfit.cli.options import int_list, trust_remote_code
+from draftfit.cli.options import comma_parts, int_list, trust_remote_code
 
 
 def _rates(ctx, param, value: str | None):
     if value is None:
         return None
     try:
-        return tuple(float(part) for part in value.replace(" ", "").split(",") if part)
+        rates = tuple(float(part) for part in comma_parts(value))
     except ValueError:
         raise click.BadParameter(f"{value!r}: give fractions separated by commas, e.g. 0.8,0.6,0.45") from None
+    if not all(0.0 <= r <= 1.0 for r in rates):  # also refuses nan
+        raise click.BadParameter(f"{value!r}: acceptance rates are fractions between 0 and 1, e.g. 0.8,0.6,0.45")
+    return rates
 
 
 @click.command("predict")

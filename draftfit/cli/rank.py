@@ -50,24 +50,28 @@ def rank(candidate_files, study_file, reports_dir, run_id, gpu_catalog, profile_
     """
     from draftfit.candidates import build_study, check_inputs, load_candidates
     from draftfit.cli.tables import format_recommendation, format_table
+    from draftfit.outputs import check_run_dir, check_run_id, removed_on_failure
     from draftfit.pipeline import PROFILE_PLANS, RankRun
+    from draftfit.results import new_run_id
 
+    run_id = check_run_id(run_id) if run_id is not None else new_run_id()
+    run_dir = check_run_dir(reports_dir / run_id)
     candidates, from_files = load_candidates(list(candidate_files))
     overrides = dict(options)
     study = build_study(study_file=study_file, from_candidates=from_files, overrides=overrides)
     # every input error surfaces here, before a model loads or anything is written
     check_inputs(candidates, study, gpu_catalog=gpu_catalog, trust_remote_code=trust_remote_code)
     from draftfit.cli.console import has_output, long_run
-    from draftfit.results import new_run_id
 
-    run_id = run_id or new_run_id()
-    log_path = reports_dir / run_id / "engines.log"
-    with long_run(log_path) as progress:
-        run = RankRun(candidates, study, reports_root=reports_dir, run_id=run_id,
-                      argv=click.get_current_context().meta.get("draftfit.argv"),
-                      gpu_catalog=str(gpu_catalog) if gpu_catalog else None, progress=progress,
-                      profile_plan=dict(PROFILE_PLANS[profile_plan]), show_prompts=show_prompts,
-                      trust_remote_code=trust_remote_code)
+    run = RankRun(candidates, study, reports_root=reports_dir, run_id=run_id,
+                  argv=click.get_current_context().meta.get("draftfit.argv"),
+                  gpu_catalog=str(gpu_catalog) if gpu_catalog else None,
+                  profile_plan=dict(PROFILE_PLANS[profile_plan]), show_prompts=show_prompts,
+                  trust_remote_code=trust_remote_code)
+    run.preflight()  # the run's own input checks, before its folder is made
+    log_path = run_dir / "engines.log"
+    with removed_on_failure(run_dir), long_run(log_path) as progress:
+        run.progress = progress
         results, out_dir = run.run()
     for skipped in results.skipped:
         click.echo(f"skipped {skipped['candidate']}: {skipped['reason']}")
@@ -84,6 +88,8 @@ def rank(candidate_files, study_file, reports_dir, run_id, gpu_catalog, profile_
         for command in deploy.get("prepare") or []:
             click.echo(f"Prepare: {command}")
         click.echo(f"Deploy: {deploy.get('shell')}")
+        for note in deploy.get("notes") or []:
+            click.echo(f"  note: {note}")
     click.echo(f"\nwrote {out_dir / 'report.html'} (review it before choosing), {out_dir / 'results.json'} and {out_dir / 'results.csv'}")
     if has_output(log_path):
         click.echo(f"engine and library output: {log_path}")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 import typing
 from pathlib import Path
 
@@ -9,6 +10,8 @@ import click
 
 from draftfit.candidates import Dtype
 from draftfit.cli.options import int_list, show_prompts, trust_remote_code
+
+VERIFY_FAILED = 1  # some run measured nothing (2: a usage or input error, as every draftfit command)
 
 
 @click.command("verify")
@@ -71,7 +74,11 @@ def verify(ctx, results_file, top, recommended, configs, candidate_files, ks, co
     and reports acceptance the prediction cannot explain as a suspected engine fault.
 
     The results file is saved after each configuration, so an interrupted verify loses at most
-    the configuration it was measuring; run the same command again to finish it.
+    the configuration it was measuring; run the same command again to finish it. A run that measured
+    nothing (the server failed to start, answered errors, or is not vLLM) is kept apart under
+    `measurement_failures`, never as measured.
+
+    Exit code: 0 every run measured, 1 some run measured nothing, 2 usage or input error.
 
     \b
     Examples:
@@ -122,3 +129,11 @@ def verify(ctx, results_file, top, recommended, configs, candidate_files, ks, co
         click.echo(f"report: {run.report_path}")
     if has_output(log_path):
         click.echo(f"engine and library output: {log_path}")
+    if run.failures:
+        from draftfit.verify.run import failure_lines
+
+        for line in failure_lines(run.failures):
+            click.echo(line, err=True)
+        click.echo(f"verify failed: {len(run.failures)} run(s) measured nothing (kept apart in {results_file} under "
+                   "measurement_failures). Fix the cause above and run the same command again", err=True)
+        sys.exit(VERIFY_FAILED)

@@ -45,6 +45,11 @@ def watch(url, results_file, config, interval_s, duration_s, json_path) -> None:
     from draftfit.watch import DRIFT_EXIT, format_observation, run_watch
 
     results = results_mod.load(results_file)
+    if json_path is not None:
+        from draftfit.outputs import check_output_file, file_starts_with
+
+        check_output_file(Path(json_path), inputs=[results_file], what="watch record", option="--json",
+                          is_ours=lambda path: file_starts_with(path, b'"observations"'))
 
     def save(summary) -> None:
         if json_path is not None:

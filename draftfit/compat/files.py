@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from draftfit.errors import DraftfitError
+from draftfit.errors import DraftfitError, shown
 
 TOKENIZER_JSON = "tokenizer.json"
 TOKENIZER_CONFIG = "tokenizer_config.json"
@@ -101,9 +101,8 @@ def load_model_files(
             ) from exc
 
     config_path = directory / CONFIG
-    config_fix = "Re-download the model's config.json"
     has_config = config_path.is_file()  # without it the engines' vocab_size gate cannot be told
-    config = _parse_json_object(config_path, _read_text(config_path, config_fix), config_fix) if has_config else {}
+    config = read_config(config_path) if has_config else {}
 
     tokenizer_config = _optional_json(directory / TOKENIZER_CONFIG, _RESAVE_FIX) or {}
     generation_config = _optional_json(
@@ -226,6 +225,48 @@ def _parse_json_object(path: Path, text: str, fix: str) -> dict[str, Any]:
         raise DraftfitError(f"expected a JSON object, found {type(data).__name__}",
                             where=str(path), fix=fix)
     return data
+
+
+# config.json sizes that engines use as counts: each, where present (top level or the text config), a positive whole number
+SIZE_KEYS = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
+             "intermediate_size", "head_dim", "max_position_embeddings", "num_layers", "n_layer", "n_head", "n_embd")
+
+
+NAME_KEYS = ("model_type", "torch_dtype", "dtype")
+
+
+def check_config_shape(config: dict[str, Any], where: str) -> dict[str, Any]:
+    """Refuse a config whose sizes are not positive whole numbers (``"vocab_size": "lots"``, ``hidden_size: -5``),
+    as vLLM would fail on them later with a traceback. Checked once here for check, rank and predict."""
+    scopes = [config, *(config[k] for k in _TEXT_CONFIG_KEYS if isinstance(config.get(k), dict))]
+    for scope in scopes:
+        for key in SIZE_KEYS:
+            value = scope.get(key)
+            if value is None:
+                continue
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise DraftfitError(f"{key} is {shown(value)}, not a positive whole number", where=where,
+                                    fix="Fix or re-download the model's config.json")
+        for key in NAME_KEYS:
+            value = scope.get(key)
+            if value is not None and not isinstance(value, str):
+                raise DraftfitError(f"{key} is {shown(value)}, not a name", where=where,
+                                    fix="Fix or re-download the model's config.json")
+        architectures = scope.get("architectures")
+        if architectures is not None and not (isinstance(architectures, list)
+                                              and all(isinstance(a, str) for a in architectures)):
+            raise DraftfitError(f"architectures is {shown(architectures)}, not a list of class names", where=where,
+                                fix="Fix or re-download the model's config.json")
+    return config
+
+
+def read_config(path: str | Path) -> dict[str, Any]:
+    """A model's config.json: a JSON object whose sizes are positive whole numbers; one line with the fix otherwise."""
+    path = Path(path)
+    fix = "Re-download the model's config.json"
+    if not path.is_file():
+        raise DraftfitError("no config.json", where=str(path.parent), fix="Point at a directory holding the model's config.json")
+    return check_config_shape(_parse_json_object(path, _read_text(path, fix), fix), str(path))
 
 
 def _optional_json(path: Path, fix: str) -> dict[str, Any] | None:

@@ -93,6 +93,27 @@ class StreamChunk:
     prompt_tokens: int | None = None
 
 
+# A /metrics page or a /v1/models list is kilobytes; a body this long is no vLLM server's answer.
+MAX_BODY_BYTES = 16 * 2**20
+_NOT_VLLM = "Check that the URL is a vLLM server (`vllm serve`), e.g. `curl URL/v1/models`"
+
+
+async def _bounded_body(response, where: str) -> bytes:
+    """The response's body, refused past MAX_BODY_BYTES (an endless body must not fill the memory)."""
+    declared = response.content_length
+    if declared is not None and declared > MAX_BODY_BYTES:
+        raise DraftfitError(f"GET {where} announced {declared:,} bytes, more than any vLLM answer "
+                            f"({MAX_BODY_BYTES // 2**20} MiB at most)", fix=_NOT_VLLM)
+    chunks, size = [], 0
+    while chunk := await response.content.read(2**16):
+        size += len(chunk)
+        if size > MAX_BODY_BYTES:
+            raise DraftfitError(f"GET {where} sent more than {MAX_BODY_BYTES // 2**20} MiB, more than any vLLM answer",
+                                fix=_NOT_VLLM)
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
 class ServerClient:
     """A client of one vLLM OpenAI-compatible server at ``url`` (``async with``)."""
 
@@ -121,29 +142,50 @@ class ServerClient:
             self._session = None
 
     async def _get(self, path: str) -> str:
+        """The text of GET ``path``: at most MAX_BODY_BYTES within ``timeout_s``, UTF-8, HTTP 200 — one line with the fix otherwise."""
         import aiohttp
 
+        where = f"{self.url}{path}"
         try:
             async with self._session.get(self.url + path, timeout=aiohttp.ClientTimeout(total=self.timeout_s)) as response:
-                text = await response.text()
-        except (TimeoutError, aiohttp.ClientError) as exc:
-            raise DraftfitError(f"cannot reach {self.url}{path} ({type(exc).__name__}: {exc})",
+                raw = await _bounded_body(response, where)
+        except (TimeoutError, aiohttp.ClientError, ValueError) as exc:
+            raise DraftfitError(f"cannot read {where} ({type(exc).__name__}: {str(exc)[:200]})",
                                 fix="Check the URL and that the server is up (`curl URL/health`)") from exc
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise DraftfitError(f"GET {where} answered binary data, not text", fix=_NOT_VLLM) from exc
         if response.status != 200:
-            raise DraftfitError(f"GET {self.url}{path} answered HTTP {response.status}: {text[:200]}",
-                                fix="Check that the URL is a vLLM server (`vllm serve`)")
+            raise DraftfitError(f"GET {where} answered HTTP {response.status}: {text[:200]}", fix=_NOT_VLLM)
         return text
+
+    async def _get_json(self, path: str) -> Any:
+        text = await self._get(path)
+        try:
+            return json.loads(text)
+        except ValueError as exc:
+            raise DraftfitError(f"GET {self.url}{path} answered something that is not JSON ({text[:60]!r})", fix=_NOT_VLLM) from exc
 
     async def served_model(self) -> str:
         """The model name the server answers to (its first ``/v1/models`` entry)."""
-        data = json.loads(await self._get("/v1/models"))
-        models = [m["id"] for m in data.get("data") or []]
+        data = await self._get_json("/v1/models")
+        entries = data.get("data") if isinstance(data, dict) else None
+        models = [m["id"] for m in entries or [] if isinstance(m, dict) and isinstance(m.get("id"), str)] \
+            if isinstance(entries, list) else []
         if not models:
-            raise DraftfitError(f"{self.url}/v1/models lists no model", fix="Start the server with a model")
+            raise DraftfitError(f"{self.url}/v1/models lists no model", fix=_NOT_VLLM + "; start it with a model")
         return models[0]
 
     async def metrics(self) -> ServerMetrics:
-        return server_metrics(await self._get("/metrics"))
+        text = await self._get("/metrics")
+        if "vllm:" not in text:
+            raise DraftfitError(f"{self.url}/metrics holds no vLLM metric (no `vllm:` name; {text[:60]!r})", fix=_NOT_VLLM)
+        try:
+            return server_metrics(text)
+        except (ValueError, KeyError, TypeError) as exc:
+            raise DraftfitError(f"{self.url}/metrics is not Prometheus text vLLM writes ({type(exc).__name__}: "
+                                f"{str(exc)[:120]})", fix=_NOT_VLLM) from exc
 
     async def counts(self, wait_s: float = 2.0) -> SpecCounts | None:
         """The spec-decode counters once the last output was counted: read until two reads agree."""
@@ -178,8 +220,8 @@ class ServerClient:
                    "stream_options": {"include_usage": True, "continuous_usage_stats": True}}
         async with self._session.post(self.url + path, json=payload) as response:
             if response.status != 200:
-                text = await response.text()
-                raise DraftfitError(f"HTTP {response.status}: {text[:300]}")
+                text = (await response.content.read(300)).decode("utf-8", "replace")
+                raise DraftfitError(f"HTTP {response.status}: {text}")
             produced = 0
             async for raw in response.content:
                 line = raw.decode("utf-8", "replace").strip()
@@ -188,7 +230,12 @@ class ServerClient:
                 data = line[5:].strip()
                 if data == "[DONE]":
                     return
-                chunk = json.loads(data)
+                try:
+                    chunk = json.loads(data)
+                except ValueError as exc:
+                    raise DraftfitError(f"the stream sent a line that is not JSON ({data[:60]!r})", fix=_NOT_VLLM) from exc
+                if not isinstance(chunk, dict):
+                    raise DraftfitError(f"the stream sent {type(chunk).__name__}, not a JSON object", fix=_NOT_VLLM)
                 if "error" in chunk:
                     raise DraftfitError(str(chunk["error"])[:300])
                 usage = chunk.get("usage") or {}
@@ -250,8 +297,9 @@ class VLLMServer:
         from draftfit.engines.watchdog import ensure_watchdog
 
         ensure_watchdog()  # ends the server too if draftfit is killed before it can stop it
-        self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        self._log = open(self.log_path, "a", buffering=1)  # noqa: SIM115 - closed in stop()
+        from draftfit.outputs import open_log
+
+        self._log = open_log(self.log_path)  # closed in stop()
         self._log.write(f"\n===== {time.strftime('%Y-%m-%d %H:%M:%S')} {self.label}: {' '.join(self.argv)}\n")
         env = dict(os.environ, DRAFTFIT_PARENT_PID=str(os.getpid()))  # the server ends itself if draftfit is gone
         if self.dev_mode:

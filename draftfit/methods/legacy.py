@@ -14,6 +14,7 @@ class RemovedHead(DraftMethod):
 
     def __init__(self, name: str):
         self.name = name
+        self.proposer_module = name
 
     def deploy_refusal(self, spec, v, version) -> str | None:
         if v >= REMOVED_IN:

@@ -32,6 +32,7 @@ def ngram_config(k: int, lookup_min: int = 2, lookup_max: int = 4) -> dict[str, 
 
 class Ngram(ModelFreeMethod):
     name = "ngram"
+    proposer_module = "ngram_proposer"
     uses_lookup = True
 
     def validate(self, draft) -> None:

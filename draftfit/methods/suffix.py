@@ -14,6 +14,7 @@ NO_FLAG_UNTIL = (0, 8, 1)
 
 class Suffix(ModelFreeMethod):
     name = "suffix"
+    proposer_module = "suffix_decoding"
     state_across_requests = True  # the global tree of earlier responses
 
     def plan(self, candidate, ctx) -> PlannedDraft:

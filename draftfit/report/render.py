@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from draftfit import explore
+from draftfit.outputs import check_output_file, file_starts_with
 from draftfit.results import Results
 
 REPORT_NAME = "report.html"
@@ -614,4 +615,11 @@ def render_file(results_path: str | os.PathLike, output: str | os.PathLike | Non
 
     results = load(results_path)
     target = Path(output) if output is not None else Path(results_path).with_name(REPORT_NAME)
+    results_path = Path(results_path)
+    check_output_file(target, inputs=[results_path, results_path.with_suffix(".csv")], is_ours=is_report, what="report")
     return write_html(results, target, results_path=results_path)
+
+
+def is_report(path: Path) -> bool:
+    """Whether ``path`` is an HTML report draftfit wrote (its generator tag, or the title older reports carry)."""
+    return file_starts_with(path, b'<meta name="generator" content="draftfit">') or file_starts_with(path, b"<title>draftfit report")

@@ -242,12 +242,14 @@ class VerifyRun:
     servers_at_once: int | None = None  # None: as many as fit in memory
     server: str | None = None  # a running server's URL (the chosen configuration)
     baseline_server: str | None = None  # the running baseline server's URL
+    failures: list[dict] = field(default_factory=list)  # this run's failed runs (kept apart from measured)
 
     def plan(self):
         """Load the results and work out what will run (no engine): (results, study, configs, levels, requests)."""
         from draftfit.refs import model_dir
 
         self.results_path = Path(self.results_path)
+        self._check_servers()  # before the results are read: --dry-run and a real run refuse alike
         results = results_mod.load(self.results_path)
         study = StudySettings.model_validate(results.study)
         chosen = select_configs(results, top=self.top, configs=self.configs, candidate_files=self.candidate_files, ks=self.ks,
@@ -394,17 +396,23 @@ class VerifyRun:
         self.report_path = self._render(results)
         return results, new
 
+    def _check_servers(self) -> None:
+        if self.server and not self.baseline_server:
+            raise DraftfitError("--server needs the baseline's server too, to measure speedups against",
+                                fix="Start `vllm serve` without --speculative-config on the same hardware and pass "
+                                    "--baseline-server URL")
+        if self.baseline_server and not self.server:
+            raise DraftfitError("--baseline-server goes with --server (the running server of the configuration)",
+                                fix="Add --server URL, or drop --baseline-server to start the servers here")
+
     def _urls(self, configs: Sequence[VerifyConfig]) -> dict[str | None, str]:
         """--server URL: the configuration it serves (exactly one named) and the baseline's server."""
         if not self.server:
             return {}
+        self._check_servers()
         if len(configs) != 1:
             raise DraftfitError(f"--server measures one configuration; {len(configs)} are chosen",
                                 fix="Name the configuration the server runs: --recommended (rank's deploy command) or one --config NAME:K")
-        if not self.baseline_server:
-            raise DraftfitError("--server needs the baseline's server too, to measure speedups against",
-                                fix="Start `vllm serve` without --speculative-config on the same hardware and pass "
-                                    "--baseline-server URL")
         return {configs[0].candidate: self.server, None: self.baseline_server}
 
     def _render(self, results: results_mod.Results) -> Path | None:
@@ -420,11 +428,33 @@ class VerifyRun:
             return None
 
     def _save(self, results: results_mod.Results, new: list[dict], notes: list[str]) -> None:
-        results.measured = merge_measured(results.measured, new)
+        measured, failed = split_failures(new)
+        results.measured = merge_measured(results.measured, measured)
+        runs = {e.get("verify_id") for e in new}
+        results.measurement_failures = [*(f for f in results.measurement_failures if f.get("verify_id") not in runs), *failed]
+        self.failures = failed
         annotate_configs(results.configs, results.measured)
         kept = [w for w in results.warnings if not w.startswith("verify: ")]
-        results.warnings = kept + notes + summary_lines(latest_run(results.measured))
+        results.warnings = kept + notes + summary_lines(latest_run(results.measured)) + failure_lines(failed)
         save_results(results, self.results_path)
+
+
+def is_failure(entry: dict) -> bool:
+    """A run that measured nothing: its engine did not start or died, or none of its requests completed."""
+    return bool(entry.get("engine_failed")) or not entry.get("completed")
+
+
+def split_failures(entries: Sequence[dict]) -> tuple[list[dict], list[dict]]:
+    """(measured entries, failed runs labelled kind "failed")."""
+    measured = [e for e in entries if not is_failure(e)]
+    failed = [{**e, "kind": "failed"} for e in entries if is_failure(e)]
+    return measured, failed
+
+
+def failure_lines(failed: Sequence[dict]) -> list[str]:
+    """One line per failed run, for ``warnings`` and the terminal."""
+    return [f"verify: {entry_label(e)} at concurrency {e['concurrency']} FAILED, nothing measured: "
+            f"{str(e.get('error') or (e.get('error_messages') or ['no request completed'])[0])[:300]}" for e in failed]
 
 
 def save_results(results: results_mod.Results, path: Path) -> None:
