@@ -4,6 +4,7 @@ aliases) is refused in milliseconds instead of filling the memory. Only YAML's s
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import yaml
@@ -40,6 +41,12 @@ def _expanded_size(root: yaml.Node, where: str) -> int:
         return total
 
     return size(root)
+
+
+def refuse_large(path: Path, what: str, fix: str) -> None:
+    """Refuse a file over MAX_BYTES before it is read (``what``: what such a file is and how long it is)."""
+    if path.stat().st_size > MAX_BYTES:
+        raise DraftfitError(f"is larger than {MAX_BYTES // 2**20} MiB; {what}", where=str(path), fix=fix)
 
 
 def load(text: str, where: str) -> Any:

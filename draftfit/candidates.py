@@ -228,9 +228,7 @@ def _key(part: object) -> str:
 def _read_yaml(path: Path) -> object:
     if not path.is_file():
         raise DraftfitError("no such file", where=str(path), fix="Check the path (e.g. candidates/*.yaml)")
-    if path.stat().st_size > bounded_yaml.MAX_BYTES:
-        raise DraftfitError(f"is larger than {bounded_yaml.MAX_BYTES // 2**20} MiB; a candidate file is a few hundred bytes",
-                            where=str(path), fix="Pass a candidate .yaml file")
+    bounded_yaml.refuse_large(path, "a candidate file is a few hundred bytes", fix="Pass a candidate .yaml file")
     raw = path.read_bytes()
     if b"\0" in raw[:8192]:
         raise DraftfitError("is a binary file, not YAML", where=str(path), fix="Pass a candidate .yaml file")

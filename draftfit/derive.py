@@ -76,10 +76,10 @@ def check_first_layers(ref: ModelRef, n_layers: int) -> int:
 def first_layers(target: ModelRef | str | Path, n_layers: int) -> DerivedDraft:
     """The target's first ``n_layers`` decoder layers as a model of its own (cached)."""
     ref = target if isinstance(target, ModelRef) else resolve(str(target))
-    check_first_layers(ref, n_layers)
+    total = check_first_layers(ref, n_layers)  # before any weights are converted or read
     source = model_dir(ref)
     config = json.loads((source / "config.json").read_text(encoding="utf-8"))
-    layer_key, total = _layer_count(config, source)
+    layer_key, _ = _layer_count(config, source)
     n_layers = int(n_layers)
     target_fp = fingerprint(ref)
     final = derived_dir(target_fp, n_layers)

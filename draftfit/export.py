@@ -6,10 +6,8 @@ import json
 import shutil
 from pathlib import Path
 
-from draftfit.outputs import DIR_MARKERS, check_output_dir, refuse_overlap, write_dir
+from draftfit.outputs import EXPORT_MARKER, check_output_dir, refuse_overlap, write_dir
 from draftfit.refs import ModelRef, model_dir
-
-EXPORT_MARKER = DIR_MARKERS[0]  # what --force looks for before it replaces an earlier export
 
 
 def export(ref: ModelRef, output: str | Path, *, first_layers: int | None = None, force: bool = False,
@@ -22,7 +20,9 @@ def export(ref: ModelRef, output: str | Path, *, first_layers: int | None = None
         from draftfit.derive import check_first_layers
         from draftfit.derive import first_layers as derive
 
-        check_first_layers(ref, first_layers)  # before any weights are read or converted
+        # derive checks this too; export checks it before the derive step is entered at all, so that
+        # every input error comes before a step that may convert weights
+        check_first_layers(ref, first_layers)
         source = derive(ref, first_layers).path
     else:
         from draftfit.compat.files import read_config

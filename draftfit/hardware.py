@@ -175,9 +175,7 @@ def load_catalog(user_file: str | Path | None = None) -> GpuCatalog:
         from draftfit import bounded_yaml
 
         try:
-            if path.stat().st_size > bounded_yaml.MAX_BYTES:
-                raise DraftfitError(f"is larger than {bounded_yaml.MAX_BYTES // 2**20} MiB; a GPU catalog is a few kilobytes",
-                                    where=str(path), fix="Pass the GPU catalog YAML file itself")
+            bounded_yaml.refuse_large(path, "a GPU catalog is a few kilobytes", fix="Pass the GPU catalog YAML file itself")
             text = path.read_text(encoding="utf-8")
         except UnicodeDecodeError as exc:
             raise DraftfitError("is not UTF-8 text", where=str(path), fix="Save the GPU catalog as UTF-8") from exc

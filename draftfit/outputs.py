@@ -21,7 +21,9 @@ from pathlib import Path
 from draftfit.errors import DraftfitError
 
 # A file each directory-writing command leaves in what it wrote: the mark --force looks for.
-DIR_MARKERS = ("draftfit-export.json", "draftfit-padded.json")
+EXPORT_MARKER = "draftfit-export.json"
+PADDED_MARKER = "draftfit-padded.json"
+DIR_MARKERS = (EXPORT_MARKER, PADDED_MARKER)
 RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 
 
@@ -129,7 +131,8 @@ def check_output_file(output: Path, *, inputs: Iterable[Path | str | None] = (),
     return output
 
 
-def file_starts_with(path: Path, marker: bytes, limit: int = 4096) -> bool:
+def head_contains(path: Path, marker: bytes, limit: int = 4096) -> bool:
+    """Whether ``marker`` is in the first ``limit`` bytes of ``path`` (how a file draftfit wrote is told apart)."""
     try:
         with open(path, "rb") as handle:
             return marker in handle.read(limit)

@@ -24,7 +24,7 @@ from pathlib import Path
 
 from draftfit.compat.files import read_config, text_config_value
 from draftfit.errors import DraftfitError
-from draftfit.outputs import check_output_dir, refuse_overlap, write_dir
+from draftfit.outputs import PADDED_MARKER, check_output_dir, refuse_overlap, write_dir
 from draftfit.refs import COMPANION_FILES, ModelRef, metadata_dir, model_dir
 
 
@@ -111,7 +111,7 @@ def pad_vocab(ref: ModelRef, to: int, output: Path, *, trust_remote_code: bool =
         for name in COMPANION_FILES:
             if (source / name).is_file():
                 shutil.copy2(source / name, tmp / name)
-        (tmp / "draftfit-padded.json").write_text(
+        (tmp / PADDED_MARKER).write_text(
             json.dumps({"source": str(source), "old_vocab_size": old, "vocab_size": to, "copied_row": copied}, indent=2)
         )
 

@@ -20,7 +20,7 @@ from collections.abc import Callable, Sequence
 from contextlib import nullcontext
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -34,6 +34,9 @@ from draftfit.methods import AcceptanceInputs, PlanContext, PlannedDraft, get_me
 from draftfit.metrics import decode_steps
 from draftfit.paths import cache_subdir
 from draftfit.refs import ModelRef, deploy_name, fingerprint, metadata_dir, resolve
+
+if TYPE_CHECKING:
+    from draftfit.parallelism import Parallelism
 
 log = logging.getLogger(__name__)
 Progress = Callable[[str], None]
@@ -496,10 +499,10 @@ class RankRun:
     trust_remote_code: bool = False  # let model repositories run their own code
     _target: tuple | None = field(default=None, repr=False)  # preflight's answer
 
-    def preflight(self) -> tuple[ModelRef, Path, dict]:
+    def preflight(self) -> tuple[ModelRef, Path, dict, Parallelism]:
         """The run's own input checks, before its folder is made or any engine starts: the GPU, the
         engine, one target, a target draftfit can size and a layout vLLM accepts. Returns the target's
-        reference, metadata directory and config (kept for :meth:`run`)."""
+        reference, metadata directory and config, and the engine layout (kept for :meth:`run`)."""
         if self._target is not None:
             return self._target
         study = self.study
@@ -531,9 +534,9 @@ class RankRun:
         refusal = refusal or engine_layout.engine_refusal()
         if refusal:
             raise DraftfitError(refusal, where="parallelism")
-        if layout_note and layout_note not in self.warnings:
+        if layout_note:
             self.warnings.append(layout_note)
-        self._target = (target_ref, target_meta, target_config)
+        self._target = (target_ref, target_meta, target_config, engine_layout)
         return self._target
 
     def run(self) -> tuple[results_mod.Results, Path]:
@@ -541,10 +544,7 @@ class RankRun:
         study = self.study
         run_id = self.run_id or results_mod.new_run_id()
         out_dir = self.reports_root / run_id
-        target_ref, target_meta, target_config = self.preflight()
-        from draftfit.parallelism import engine_parallelism
-
-        engine_layout, _ = engine_parallelism(study.parallelism)
+        target_ref, target_meta, target_config, engine_layout = self.preflight()
 
         self.progress("checking target/draft pairs")
         planning = time.perf_counter()

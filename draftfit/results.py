@@ -24,7 +24,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from draftfit import __version__
-from draftfit.errors import DraftfitError
+from draftfit.errors import DraftfitError, shown
 from draftfit.io import atomic_write_json, atomic_write_text
 from draftfit.records import PARENT_KEYS, ConfigEntry, MeasuredEntry, flat_level
 
@@ -126,7 +126,7 @@ def load(path: str | os.PathLike) -> Results:
     version = data["schema_version"]
     if isinstance(version, bool) or not isinstance(version, int):
         raise DraftfitError(
-            f"schema_version is {str(repr(version))[:40]} ({type(version).__name__}), not a whole number: not a results file "
+            f"schema_version is {shown(version, 40)} ({type(version).__name__}), not a whole number: not a results file "
             "draftfit wrote", where=str(path),
             fix="Restore the file from the run folder, or re-run `draftfit rank`",
         )

@@ -82,11 +82,13 @@ def parse_version(version: str) -> tuple[int, int, int]:
 # k differs (AssertionError → EngineDeadError). The others (llm_base_proposer: draft models, EAGLE,
 # EAGLE-3, MTP; ngram_proposer asserts `<=`) take the scheduled k.
 FIXED_K_PROPOSERS_0_32 = frozenset({"suffix_decoding", "medusa", "ngram_proposer_gpu", "extract_hidden_states"})
+_BASE_PROPOSER = "llm_base_proposer"  # SpecDecodeBaseProposer: draft models, EAGLE, DFlash, Gemma 4 build on it
 _ASSERTS_FIXED_K = re.compile(r"assert\s+num_speculative_tokens\s*==\s*self\.(?:num_speculative_tokens|k)\b")
 
 
 def _proposer_source(module: str) -> str | None:
-    """The installed vLLM's ``v1/spec_decode/<module>.py``, read without importing vLLM."""
+    """The installed vLLM's ``v1/spec_decode/<module>.py``, read without importing vLLM, followed by
+    the base proposer's source where the module builds on it (its propose() may be the base's)."""
     from importlib.util import find_spec
     from pathlib import Path
 
@@ -96,11 +98,14 @@ def _proposer_source(module: str) -> str | None:
         return None
     if spec is None or not spec.submodule_search_locations:
         return None
-    path = Path(next(iter(spec.submodule_search_locations))) / "v1" / "spec_decode" / f"{module}.py"
+    folder = Path(next(iter(spec.submodule_search_locations))) / "v1" / "spec_decode"
     try:
-        return path.read_text(encoding="utf-8")
+        source = (folder / f"{module}.py").read_text(encoding="utf-8")
+        if module != _BASE_PROPOSER and f"spec_decode.{_BASE_PROPOSER} import" in source:
+            source += (folder / f"{_BASE_PROPOSER}.py").read_text(encoding="utf-8")
     except OSError:
         return None
+    return source
 
 
 def proposer_takes_k_schedule(module: str, version: str) -> tuple[bool, str]:

@@ -378,3 +378,14 @@ def test_the_fixed_k_proposers_are_read_in_the_installed_source():
         takes, how = proposer_takes_k_schedule(module, installed)
         assert "installed" in how
         assert takes is (module not in FIXED_K_PROPOSERS_0_32), module
+
+
+def test_every_candidate_method_names_a_proposer_the_installed_vllm_has():
+    """A misspelt proposer_module would fall back to the 0.32 table silently; each must be a real file."""
+    from draftfit.methods import CANDIDATE_METHODS, get_method
+    from draftfit.vllm_versions import _proposer_source
+
+    if installed_vllm_version() is None:
+        pytest.skip("vLLM is not installed")
+    for name in CANDIDATE_METHODS:
+        assert _proposer_source(get_method(name).proposer_module) is not None, name

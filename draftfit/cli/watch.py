@@ -46,10 +46,10 @@ def watch(url, results_file, config, interval_s, duration_s, json_path) -> None:
 
     results = results_mod.load(results_file)
     if json_path is not None:
-        from draftfit.outputs import check_output_file, file_starts_with
+        from draftfit.outputs import check_output_file, head_contains
 
         check_output_file(Path(json_path), inputs=[results_file], what="watch record", option="--json",
-                          is_ours=lambda path: file_starts_with(path, b'"observations"'))
+                          is_ours=lambda path: head_contains(path, b'"observations"'))
 
     def save(summary) -> None:
         if json_path is not None:

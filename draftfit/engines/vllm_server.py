@@ -171,7 +171,7 @@ class ServerClient:
         """The model name the server answers to (its first ``/v1/models`` entry)."""
         data = await self._get_json("/v1/models")
         entries = data.get("data") if isinstance(data, dict) else None
-        models = [m["id"] for m in entries or [] if isinstance(m, dict) and isinstance(m.get("id"), str)] \
+        models = [m["id"] for m in entries if isinstance(m, dict) and isinstance(m.get("id"), str)] \
             if isinstance(entries, list) else []
         if not models:
             raise DraftfitError(f"{self.url}/v1/models lists no model", fix=_NOT_VLLM + "; start it with a model")

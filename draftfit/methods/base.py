@@ -124,7 +124,8 @@ class DraftMethod:
     # the proposer reads the target's hidden states (vLLM's use_eagle): beside chunked-local attention
     # vLLM then turns its hybrid KV-cache manager off (draftfit.vram.vram_report)
     reads_target_states: bool = False
-    # vLLM's proposer module (vllm/v1/spec_decode/<module>.py): whether it takes a k schedule is read there
+    # vLLM's proposer module (vllm/v1/spec_decode/<module>.py) for this method: whether it takes a
+    # k schedule is read there (and in the base class it builds on)
     proposer_module: str = "llm_base_proposer"
 
     # --- candidate files ------------------------------------------------------------------

@@ -27,6 +27,7 @@ def draft_model_config(draft_dir: str | Path, k: int, draft_sample_method: str |
 
 class DraftModel(DraftMethod):
     name = "draft_model"
+    proposer_module = "draft_model"
     uses_model = True
     scores_model = True
     heterogeneous_vocab = True

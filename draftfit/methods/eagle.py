@@ -19,6 +19,7 @@ from draftfit.methods.base import CostTerms, HeadMethod, PlannedDraft, with_extr
 
 
 class EagleFamily(HeadMethod):
+    proposer_module = "eagle"  # vLLM's EagleProposer serves EAGLE, EAGLE-3 and MTP heads
     """An EAGLE-family head (EAGLE, EAGLE-3): planned, trained, predicted offline and costed alike."""
 
     trainable = True

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from draftfit import explore
-from draftfit.outputs import check_output_file, file_starts_with
+from draftfit.outputs import check_output_file, head_contains
 from draftfit.results import Results
 
 REPORT_NAME = "report.html"
@@ -622,4 +622,4 @@ def render_file(results_path: str | os.PathLike, output: str | os.PathLike | Non
 
 def is_report(path: Path) -> bool:
     """Whether ``path`` is an HTML report draftfit wrote (its generator tag, or the title older reports carry)."""
-    return file_starts_with(path, b'<meta name="generator" content="draftfit">') or file_starts_with(path, b"<title>draftfit report")
+    return head_contains(path, b'<meta name="generator" content="draftfit">') or head_contains(path, b"<title>draftfit report")

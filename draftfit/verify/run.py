@@ -409,7 +409,6 @@ class VerifyRun:
         """--server URL: the configuration it serves (exactly one named) and the baseline's server."""
         if not self.server:
             return {}
-        self._check_servers()
         if len(configs) != 1:
             raise DraftfitError(f"--server measures one configuration; {len(configs)} are chosen",
                                 fix="Name the configuration the server runs: --recommended (rank's deploy command) or one --config NAME:K")
