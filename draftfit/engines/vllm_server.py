@@ -150,7 +150,7 @@ class ServerClient:
             async with self._session.get(self.url + path, timeout=aiohttp.ClientTimeout(total=self.timeout_s)) as response:
                 raw = await _bounded_body(response, where)
         except (TimeoutError, aiohttp.ClientError, ValueError) as exc:
-            raise DraftfitError(f"cannot read {where} ({type(exc).__name__}: {str(exc)[:200]})",
+            raise DraftfitError(f"cannot reach {where} ({type(exc).__name__}: {str(exc)[:200]})",
                                 fix="Check the URL and that the server is up (`curl URL/health`)") from exc
         try:
             text = raw.decode("utf-8")
